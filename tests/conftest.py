@@ -1,0 +1,46 @@
+"""Session fixtures: one real broker subprocess for the whole run, unique topic names."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agents_stream.testing import EmbeddedBroker
+
+ROOT = Path(__file__).resolve().parents[1]
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """The embedded Tansu broker, or the cluster named by AGENTS_STREAM_TEST_BROKER."""
+    external = os.environ.get("AGENTS_STREAM_TEST_BROKER")
+    if external:
+        host, _, port = external.removeprefix("kafka://").partition(":")
+        b = EmbeddedBroker(port=int(port))
+        yield b
+        return
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    with EmbeddedBroker(log_file=log) as b:
+        yield b
+
+
+@pytest.fixture
+def topic_factory(request: pytest.FixtureRequest):
+    """Returns unique topic names per test so tests never see each other's records."""
+
+    def make(prefix: str = "t") -> str:
+        base = request.node.name.replace("[", "-").replace("]", "")[:40]
+        return f"{prefix}-{base}-{os.getpid()}-{next(_names)}"
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def python_exe() -> str:
+    return sys.executable
