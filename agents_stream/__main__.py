@@ -1,0 +1,5 @@
+import sys
+
+from agents_stream.cli.main import main
+
+sys.exit(main())

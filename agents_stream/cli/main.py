@@ -1,0 +1,51 @@
+"""``agents-stream`` entry point: faust-style subcommands, each defined in its own module.
+
+A command module exposes ``register(subparsers) -> None`` which adds its parser and sets
+``func`` (called with the parsed namespace, returning the exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules that contribute subcommands; a missing optional one (e.g. spark) is skipped.
+COMMAND_MODULES = (
+    "agents_stream.cli.worker",
+    "agents_stream.cli.broker",
+    "agents_stream.cli.state",
+    "agents_stream.cli.schemas",
+    "agents_stream.cli.spark",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agents-stream",
+        description="Durable Kafka agents: run workers, an embedded broker, state and Spark tools.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
