@@ -96,6 +96,11 @@ class ActionDone:
     events: tuple[SentEvent, ...] = ()
     calls: int = 0
     finished_ms: int = 0
+    emitted: bool = True  # outputs acknowledged by the output topic
+
+    @property
+    def ordinal(self) -> int:
+        return action_ordinal(self.ref.action)
 
 
 @dataclass(frozen=True)

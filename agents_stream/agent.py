@@ -1,0 +1,81 @@
+"""Agents and actions: which function runs for which event type."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .errors import ConfigurationError
+from .events import Event
+
+F = TypeVar("F")
+
+_LISTENS = "__agents_stream_listens__"
+
+
+def action(*event_types: type[Event]) -> Callable[[F], F]:
+    """Mark an Agent staticmethod (plain or ``async``) as an action triggered by events.
+
+    The action receives ``(event, ctx)``. Works above or below ``@staticmethod``.
+    """
+    if not event_types:
+        raise ConfigurationError("@action needs at least one event type")
+    for et in event_types:
+        if not (isinstance(et, type) and issubclass(et, Event)):
+            raise ConfigurationError(f"@action expects Event subclasses, got {et!r}")
+
+    def mark(fn: F) -> F:
+        target = fn.__func__ if isinstance(fn, staticmethod) else fn
+        setattr(target, _LISTENS, tuple(event_types))
+        return fn
+
+    return mark
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    name: str  # "Agent.method"
+    fn: Callable[..., Any]
+    listens: tuple[type[Event], ...]
+    is_async: bool
+
+
+class Agent:
+    """Subclass and add ``@action`` staticmethods. Agents hold no per-instance state:
+    per-key state goes through ``ctx.short_term_memory`` so it survives crashes."""
+
+    @classmethod
+    def actions(cls) -> list[ActionSpec]:
+        found: list[ActionSpec] = []
+        seen: set[str] = set()
+        for klass in reversed(cls.__mro__):
+            for attr, raw in vars(klass).items():
+                fn = raw.__func__ if isinstance(raw, staticmethod | classmethod) else raw
+                listens = getattr(fn, _LISTENS, None)
+                if listens is None:
+                    continue
+                if isinstance(raw, classmethod) or not isinstance(raw, staticmethod):
+                    raise ConfigurationError(
+                        f"{cls.__name__}.{attr}: actions must be @staticmethod taking (event, ctx)"
+                    )
+                if attr in seen:
+                    found = [a for a in found if a.name != f"{cls.__name__}.{attr}"]
+                seen.add(attr)
+                found.append(
+                    ActionSpec(
+                        name=f"{cls.__name__}.{attr}",
+                        fn=fn,
+                        listens=listens,
+                        is_async=inspect.iscoroutinefunction(fn),
+                    )
+                )
+        if not found:
+            raise ConfigurationError(f"agent {cls.__name__} defines no @action")
+        return found
+
+    @classmethod
+    def event_types(cls) -> dict[str, type[Event]]:
+        """Every event type the agent listens to, by journal name."""
+        return {et.event_name: et for spec in cls.actions() for et in spec.listens}

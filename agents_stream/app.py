@@ -1,0 +1,164 @@
+"""App: the declaration of agents, Async I/O operators and their topics.
+
+An App only describes; hosts run it (``agents-stream worker -A module:app``). Creating
+an App does no I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .agent import Agent
+from .durable.payload import JSON, PayloadCodec
+from .errors import ConfigurationError
+
+BROKER_ENV = "AGENTS_STREAM_BROKER"
+
+
+def normalize_broker(url: str) -> str:
+    """``kafka://h1:9092;h2:9092`` or ``h1:9092,h2:9092`` -> librdkafka bootstrap list."""
+    servers = url.strip()
+    if "://" in servers:
+        scheme, _, servers = servers.partition("://")
+        if scheme not in ("kafka", "tcp", "plaintext"):
+            raise ConfigurationError(f"unsupported broker scheme {scheme!r} in {url!r}")
+    return servers.replace(";", ",").rstrip("/")
+
+
+@dataclass(frozen=True)
+class AgentBinding:
+    """An agent bound to its topics and codecs."""
+
+    agent: type[Agent]
+    input: str
+    output: str | None
+    input_schema: Any = None
+    output_schema: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.agent.__name__
+
+
+@dataclass(frozen=True)
+class AsyncIOBinding:
+    """An Async I/O operator (Flink AsyncWaitOperator) bound to its topics."""
+
+    fn: Callable[..., Any]
+    input: str
+    output: str
+    ordered: bool = True
+    time_mode: Literal["processing", "event"] = "processing"
+    capacity: int = 100
+    timeout: float | None = 5.0
+    retry: Any = None
+    on_timeout: Callable[[Any], Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__qualname__", "async_io")
+
+
+@dataclass
+class App:
+    """A named application: its id is the consumer group and prefixes internal topics.
+
+    Args:
+        id: application id (consumer group, ``<id>-action-state`` topic).
+        broker: ``kafka://host:port[,host:port]``; ``AGENTS_STREAM_BROKER`` or ``--broker``
+            override it; when nothing is configured the worker starts the embedded broker.
+        data_dir: where RocksDB caches live (``--data-dir`` overrides).
+        schema_registry_url: Confluent Schema Registry; switches Avro framing to the
+            Confluent wire format.
+        payload_codec: codec of call results, outputs and memory values (JSON default).
+        max_in_flight: records processed concurrently per worker before partitions pause.
+        on_error: ``"dlq"`` sends a record whose action raised to ``<input>-dlq`` and goes
+            on; ``"fail"`` stops the worker without committing it.
+        strict_determinism: raise NonDeterminismError instead of truncate-and-re-execute.
+        prune_completed: tombstone a record's ActionStates once its offset is committed.
+    """
+
+    id: str
+    broker: str | None = None
+    data_dir: str | None = None
+    schema_registry_url: str | None = None
+    payload_codec: PayloadCodec = JSON
+    max_in_flight: int = 6000
+    on_error: Literal["dlq", "fail"] = "dlq"
+    strict_determinism: bool = False
+    prune_completed: bool = True
+    commit_interval: float = 1.0
+    consumer_config: dict[str, Any] = field(default_factory=dict)
+    producer_config: dict[str, Any] = field(default_factory=dict)
+    agents: list[AgentBinding] = field(default_factory=list, init=False)
+    async_ios: list[AsyncIOBinding] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.id or not self.id.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ConfigurationError(f"app id must be alphanumeric with -_. ; got {self.id!r}")
+
+    @property
+    def action_state_topic(self) -> str:
+        return f"{self.id}-action-state"
+
+    def agent(
+        self,
+        agent: type[Agent],
+        *,
+        input: str,
+        output: str | None = None,
+        input_schema: str | Path | dict[str, Any] | None = None,
+        output_schema: str | Path | dict[str, Any] | None = None,
+    ) -> AgentBinding:
+        """Run ``agent``'s actions for every record of ``input``; outputs go to ``output``.
+
+        One agent per input topic: the ActionState topic is co-partitioned with it.
+        """
+        agent.actions()  # validate early, at import time of the user's module
+        if any(b.input == input for b in self.agents):
+            raise ConfigurationError(f"topic {input!r} already has an agent")
+        binding = AgentBinding(agent, input, output, input_schema, output_schema)
+        self.agents.append(binding)
+        return binding
+
+    def async_io(
+        self,
+        fn: Callable[..., Any],
+        *,
+        input: str,
+        output: str,
+        ordered: bool = True,
+        time_mode: Literal["processing", "event"] = "processing",
+        capacity: int = 100,
+        timeout: float | None = 5.0,
+        retry: Any = None,
+        on_timeout: Callable[[Any], Any] | None = None,
+    ) -> AsyncIOBinding:
+        """Flink-style Async I/O: ``await fn(value)`` for each record of ``input``.
+
+        ``ordered`` emits in input order, otherwise as completed (event time: never across
+        a watermark). ``capacity`` bounds elements in flight (partitions pause beyond it);
+        ``timeout`` covers all retry attempts; ``on_timeout(value)`` may supply a result,
+        otherwise the element goes to ``<input>-dlq``. In-flight inputs are re-invoked
+        after a crash (their offsets were not committed).
+        """
+        if capacity < 1:
+            raise ConfigurationError("capacity must be >= 1")
+        binding = AsyncIOBinding(
+            fn, input, output, ordered, time_mode, capacity, timeout, retry, on_timeout
+        )
+        self.async_ios.append(binding)
+        return binding
+
+    def resolve_broker(self, override: str | None = None) -> str | None:
+        """Bootstrap servers: ``--broker`` > ``AGENTS_STREAM_BROKER`` > ``App(broker=)``."""
+        url = override or os.environ.get(BROKER_ENV) or self.broker
+        return normalize_broker(url) if url else None
+
+    @property
+    def input_topics(self) -> list[str]:
+        return [b.input for b in self.agents] + [b.input for b in self.async_ios]

@@ -1,0 +1,43 @@
+"""The durable core: code blocks journaled per call, replayed after crashes.
+
+Knows nothing of Kafka or Spark; hosts give it an ActionStateStore and an OutputSink.
+"""
+
+from .callable import DurableCallable, RetryPolicy
+from .context import ContextConfig, RunnerContext
+from .errors import (
+    CodeBlockViolation,
+    DurableCallError,
+    DurableError,
+    JournalDecodeError,
+    NonDeterminismError,
+    PayloadError,
+)
+from .journal import ActionDone, ActionRef, CallEntry, CallStatus, MemorySnapshot, Truncation
+from .payload import JsonCodec, PickleCodec
+from .runner import ActionRunner, OutputSink, RecordInput, RecordOutcome
+
+__all__ = [
+    "ActionDone",
+    "ActionRef",
+    "ActionRunner",
+    "CallEntry",
+    "CallStatus",
+    "CodeBlockViolation",
+    "ContextConfig",
+    "DurableCallError",
+    "DurableCallable",
+    "DurableError",
+    "JournalDecodeError",
+    "JsonCodec",
+    "MemorySnapshot",
+    "NonDeterminismError",
+    "OutputSink",
+    "PayloadError",
+    "PickleCodec",
+    "RecordInput",
+    "RecordOutcome",
+    "RetryPolicy",
+    "RunnerContext",
+    "Truncation",
+]

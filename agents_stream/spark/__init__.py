@@ -1,0 +1,66 @@
+"""Spark batch jobs over agents_stream topics: a Kafka data source and session helpers.
+
+Nothing here is imported by the streaming runtime, and importing this package does not
+import PySpark: names are resolved on first use, so ``agents_stream.spark.errors`` and
+the offset planner stay usable without a JVM.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .errors import KafkaSourceError, KafkaSourceOptionError, SparkUnavailableError
+    from .kafka_source import SOURCE_NAME, KafkaDataSource, read_kafka, source_options
+    from .offsets import OffsetRange, plan_offset_ranges
+    from .options import KafkaSourceOptions
+    from .record_reader import read_range
+    from .session import check_java, get_spark, register_data_sources
+
+_EXPORTS = {
+    "KafkaSourceError": "errors",
+    "KafkaSourceOptionError": "errors",
+    "SparkUnavailableError": "errors",
+    "SOURCE_NAME": "kafka_source",
+    "KafkaDataSource": "kafka_source",
+    "read_kafka": "kafka_source",
+    "source_options": "kafka_source",
+    "OffsetRange": "offsets",
+    "plan_offset_ranges": "offsets",
+    "KafkaSourceOptions": "options",
+    "read_range": "record_reader",
+    "check_java": "session",
+    "get_spark": "session",
+    "register_data_sources": "session",
+}
+
+__all__ = [
+    "SOURCE_NAME",
+    "KafkaDataSource",
+    "KafkaSourceError",
+    "KafkaSourceOptionError",
+    "KafkaSourceOptions",
+    "OffsetRange",
+    "SparkUnavailableError",
+    "check_java",
+    "get_spark",
+    "plan_offset_ranges",
+    "read_kafka",
+    "read_range",
+    "register_data_sources",
+    "source_options",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,108 @@
+"""Local or cluster SparkSession for agents_stream jobs, with our data sources registered."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import SparkUnavailableError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MASTER_ENV = "AGENTS_STREAM_SPARK_MASTER"
+"""Environment variable overriding the default master (``local[*]``)."""
+
+MIN_JAVA = 17
+_JAVA_HINT = "install OpenJDK 17: apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"
+
+
+def check_java() -> str:
+    """Checks that a Java runtime PySpark can use is installed.
+
+    Returns:
+        The path of the ``java`` executable found (``$JAVA_HOME/bin/java`` first).
+
+    Raises:
+        SparkUnavailableError: no ``java``, or one older than Java 17; the message says
+            what to install.
+    """
+    java_home = os.environ.get("JAVA_HOME")
+    candidate = Path(java_home, "bin", "java") if java_home else None
+    java = str(candidate) if candidate and candidate.exists() else shutil.which("java")
+    if java is None:
+        raise SparkUnavailableError(
+            f"Spark jobs need Java {MIN_JAVA}+ and none was found: {_JAVA_HINT}"
+        )
+    try:
+        out = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SparkUnavailableError(f"cannot run {java}: {exc}; {_JAVA_HINT}") from exc
+    # `java -version` prints to stderr, e.g. 'openjdk version "17.0.15"' or '"1.8.0_392"'.
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if match:
+        major = int(match.group(2)) if match.group(1) == "1" else int(match.group(1))
+        if major < MIN_JAVA:
+            raise SparkUnavailableError(
+                f"{java} is Java {major}; PySpark 4 needs Java {MIN_JAVA}+: {_JAVA_HINT}"
+            )
+    return java
+
+
+def get_spark(app_name: str = "agents-stream", master: str | None = None) -> SparkSession:
+    """Returns the active SparkSession, creating it if needed, with our sources registered.
+
+    The Python workers run the current interpreter (``PYSPARK_PYTHON``), so executors
+    import the same agents_stream and confluent-kafka as the driver. Logs are reduced to
+    warnings and shuffles use few partitions, which suits local jobs; cluster settings
+    come from ``spark-submit`` / ``spark-defaults.conf`` as usual.
+
+    Args:
+        app_name: Spark application name.
+        master: Spark master URL; defaults to ``$AGENTS_STREAM_SPARK_MASTER`` or
+            ``local[*]``. Ignored when a session is already active.
+
+    Raises:
+        SparkUnavailableError: PySpark or Java is missing.
+    """
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise SparkUnavailableError(
+            "PySpark is not installed: pip install 'agents-stream[spark]'"
+        ) from exc
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    master = master or os.environ.get(MASTER_ENV) or "local[*]"
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if master.startswith("local"):
+        builder = (
+            builder.config("spark.ui.enabled", "false")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+        )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    register_data_sources(spark)
+    return spark
+
+
+def register_data_sources(spark: SparkSession) -> None:
+    """Registers ``agents_stream.kafka`` with ``spark`` (idempotent)."""
+    from .kafka_source import KafkaDataSource
+
+    spark.dataSource.register(KafkaDataSource)
