@@ -90,6 +90,9 @@ def get_spark(app_name: str = "agents-stream", master: str | None = None) -> Spa
         .config("spark.sql.session.timeZone", "UTC")
     )
     if master.startswith("local"):
+        # A local job never leaves the machine; binding to loopback avoids the JVM's
+        # hostname lookup (and its warning) on hosts whose name maps to 127.0.1.1.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = (
             builder.config("spark.ui.enabled", "false")
             .config("spark.driver.host", "127.0.0.1")
