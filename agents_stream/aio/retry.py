@@ -33,7 +33,7 @@ ExceptionMatcher = type[BaseException] | tuple[type[BaseException], ...] | Excep
 
 
 def _as_exception_predicate(matcher: ExceptionMatcher) -> ExceptionPredicate:
-    if isinstance(matcher, type) or isinstance(matcher, tuple):
+    if isinstance(matcher, (type, tuple)):
         types = matcher
         return lambda exc: isinstance(exc, types)
     return matcher
