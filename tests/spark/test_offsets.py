@@ -1,0 +1,106 @@
+"""Offset planning and range reading without Spark: options, splits, fetch-based ends."""
+
+from __future__ import annotations
+
+import itertools
+
+import pyarrow as pa
+import pytest
+
+from agents_stream.spark import (
+    KafkaSourceError,
+    KafkaSourceOptionError,
+    KafkaSourceOptions,
+    OffsetRange,
+    plan_offset_ranges,
+    read_range,
+    source_options,
+)
+from agents_stream.spark.options import parse_offset_spec
+
+
+def test_split_is_balanced_and_contiguous() -> None:
+    pieces = OffsetRange("t", 0, 10, 110).split(30)
+    assert [p.size for p in pieces] == [25, 25, 25, 25]
+    assert pieces[0].start == 10 and pieces[-1].end == 110
+    assert all(a.end == b.start for a, b in itertools.pairwise(pieces))
+    assert OffsetRange("t", 0, 5, 5).split(3) == [OffsetRange("t", 0, 5, 5)]
+
+
+def test_parse_offset_spec_follows_spark() -> None:
+    assert parse_offset_spec("EARLIEST", option="startingOffsets") == "earliest"
+    assert parse_offset_spec('{"t":{"0":23,"1":-2}}', option="startingOffsets") == {
+        "t": {0: 23, 1: -2}
+    }
+    for option, value in [
+        ("startingOffsets", "latest"),
+        ("startingOffsets", '{"t":{"0":-1}}'),
+        ("endingOffsets", "earliest"),
+        ("endingOffsets", '{"t":{"0":-2}}'),
+        ("endingOffsets", "{not json"),
+        ("endingOffsets", '{"t":{"0":-3}}'),
+    ]:
+        with pytest.raises(KafkaSourceOptionError, match=option):
+            parse_offset_spec(value, option=option)
+
+
+def test_options_require_servers_and_one_subscription() -> None:
+    with pytest.raises(KafkaSourceOptionError, match="bootstrap"):
+        KafkaSourceOptions.from_options({"subscribe": "t"})
+    with pytest.raises(KafkaSourceOptionError, match="subscribe"):
+        KafkaSourceOptions.from_options({"kafka.bootstrap.servers": "h:1"})
+    with pytest.raises(KafkaSourceOptionError, match=r"enable\.auto\.commit"):
+        KafkaSourceOptions.from_options(
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafka.enable.auto.commit": "true"}
+        )
+    opts = KafkaSourceOptions.from_options(
+        {"kafka.bootstrap.servers": "h:1", "subscribe": "a, b", "kafka.client.id": "me"}
+    )
+    assert opts.topics == ("a", "b")
+    conf = opts.consumer_conf("reader")
+    assert conf["client.id"] == "me" and conf["enable.auto.commit"] is False
+
+
+@pytest.mark.broker
+def test_plan_uses_fetched_end_and_reads_exactly(broker, kafka_topic, produce) -> None:
+    topic = kafka_topic(2)
+    produce(topic, [(0, None, b"%d" % i, None, None) for i in range(40)])
+    opts = KafkaSourceOptions.from_options(
+        source_options(broker.bootstrap, topic, maxRecordsPerPartition=15)
+    )
+    ranges = plan_offset_ranges(opts)
+    assert ranges == [
+        OffsetRange(topic, 0, 0, 14),
+        OffsetRange(topic, 0, 14, 27),
+        OffsetRange(topic, 0, 27, 40),
+        OffsetRange(topic, 1, 0, 0),
+    ]
+    table = pa.Table.from_batches(
+        [b for r in ranges for b in read_range(opts.consumer_conf("reader"), r, batch_size=7)],
+        schema=None,
+    )
+    assert table.column("offset").to_pylist() == list(range(40))
+    assert table.column("value").to_pylist() == [b"%d" % i for i in range(40)]
+
+
+@pytest.mark.broker
+def test_plan_rejects_impossible_ranges(broker, kafka_topic, produce) -> None:
+    topic = kafka_topic(1)
+    produce(topic, [(0, None, b"x", None, None)] * 5)
+
+    def plan(**kw):
+        return plan_offset_ranges(
+            KafkaSourceOptions.from_options(source_options(broker.bootstrap, topic, **kw))
+        )
+
+    with pytest.raises(KafkaSourceError, match="beyond") as info:
+        plan(ending={topic: {0: 6}})
+    assert (info.value.topic, info.value.partition, info.value.offset) == (topic, 0, 6)
+    with pytest.raises(KafkaSourceError, match="after ending"):
+        plan(starting={topic: {0: 4}}, ending={topic: {0: 2}})
+    with pytest.raises(KafkaSourceOptionError, match="not among"):
+        plan(starting={topic: {3: 0}})
+    with pytest.raises(KafkaSourceOptionError, match="does not exist"):
+        plan_offset_ranges(
+            KafkaSourceOptions.from_options(source_options(broker.bootstrap, topic + "-missing"))
+        )
