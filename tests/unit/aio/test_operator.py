@@ -641,3 +641,28 @@ def test_drain_makes_the_next_outcome_final(operator_factory):
 
     asyncio.run(main())
     assert attempts == {1: 1} and rec.outputs == {1: []}
+
+
+def test_cancelled_waiter_passes_its_wake_up_on(operator_factory):
+    async def main():
+        gate = asyncio.Event()
+
+        async def fn(value):
+            await gate.wait()
+            return value
+
+        op, rec = operator_factory(fn, capacity=1, timeout=None)
+        await op.process(Element(0))
+        cancelled = asyncio.create_task(op.process(Element(1)))
+        waiting = asyncio.create_task(op.process(Element(2)))
+        await asyncio.sleep(MS)
+        gate.set()
+        while op.in_flight:  # element 0 settles and wakes the first waiter...
+            await asyncio.sleep(0)
+        cancelled.cancel()  # ...which is cancelled before it runs
+        await asyncio.wait_for(waiting, timeout=1)
+        await op.drain()
+        return rec
+
+    rec = asyncio.run(main())
+    assert rec.values == [0, 2]
