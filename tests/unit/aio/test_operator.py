@@ -374,7 +374,7 @@ def test_retry_backoff_follows_the_strategy(operator_factory):
 def test_timeout_covers_all_retry_attempts(operator_factory):
     fn, attempts = counting(lambda v, n: [])
     retry = AsyncRetryStrategies.fixed_delay(1000, 10 * MS).if_result(lambda out: not out)
-    op, rec = operator_factory(fn, retry=retry, timeout=35 * MS)
+    op, rec = operator_factory(fn, retry=retry, timeout=60 * MS)
 
     async def main():
         await feed(op, [1])
@@ -384,7 +384,7 @@ def test_timeout_covers_all_retry_attempts(operator_factory):
     asyncio.run(main())
     exc = rec.failures[1]
     assert isinstance(exc, AsyncIOTimeout) and exc.attempts == attempts[1]
-    assert 2 <= attempts[1] <= 5
+    assert 2 <= attempts[1] <= 7  # about 6; the deadline, not max_attempts, stopped it
 
 
 def test_broken_retry_predicate_fails_the_element(operator_factory):
