@@ -28,6 +28,8 @@ class AvroSerde:
             golden vectors and compatibility tests.
         registry: when set, write the Confluent wire format with ids from the registry;
             single-object records are still read (topics migrate, nothing is rewritten).
+        record_names: decode unions of records as ``(full name, dict)`` tuples (what the
+            journal needs to tell entry kinds apart); plain dicts otherwise.
     """
 
     def __init__(
@@ -36,6 +38,7 @@ class AvroSerde:
         *,
         writer: Any | None = None,
         registry: RegistryBinding | None = None,
+        record_names: bool = True,
     ) -> None:
         if not versions:
             raise SchemaError("an Avro serde needs at least one schema version")
@@ -43,6 +46,7 @@ class AvroSerde:
         self.reader = self.versions[-1]
         self.writer = writer or self.reader
         self.registry = registry
+        self.record_names = record_names
         self._by_fingerprint = {v.fingerprint: v for v in self.versions}
         self._by_fingerprint.setdefault(self.writer.fingerprint, self.writer)
         self._header: bytes | None = None
@@ -91,8 +95,8 @@ class AvroSerde:
                 body,
                 writer.parsed,
                 reader,
-                return_record_name=True,
-                return_record_name_override=True,
+                return_record_name=self.record_names,
+                return_record_name_override=self.record_names,
             )
         except Exception as exc:  # fastavro raises EOF/Value/Index/Unicode/resolution errors
             raise ValueDecodeError(
