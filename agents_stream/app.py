@@ -80,6 +80,8 @@ class App:
             on; ``"fail"`` stops the worker without committing it.
         strict_determinism: raise NonDeterminismError instead of truncate-and-re-execute.
         prune_completed: tombstone a record's ActionStates once its offset is committed.
+        commit_interval: seconds between offset commits.
+        partitions: partition count of topics the worker has to create.
     """
 
     id: str
@@ -92,6 +94,7 @@ class App:
     strict_determinism: bool = False
     prune_completed: bool = True
     commit_interval: float = 1.0
+    partitions: int = 4
     consumer_config: dict[str, Any] = field(default_factory=dict)
     producer_config: dict[str, Any] = field(default_factory=dict)
     agents: list[AgentBinding] = field(default_factory=list, init=False)

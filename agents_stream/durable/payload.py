@@ -49,7 +49,7 @@ class PickleCodec:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
     def decode(self, data: bytes) -> Any:
-        return pickle.loads(data)  # noqa: S301 - explicit opt-in, documented above
+        return pickle.loads(data)
 
 
 JSON = JsonCodec()

@@ -116,7 +116,7 @@ class ActionRunner:
     async def _run_action(
         self, spec: ActionSpec, event: Event, ref: ActionRef, outcome: RecordOutcome
     ) -> ActionDone:
-        snapshot = self.store.memory(ref.key)
+        snapshot = self.store.memory(ref.key, ref.partition)
         base = dict(snapshot.values) if snapshot else {}
         ctx = RunnerContext(ref, self.store, self.config, base)
         if spec.is_async:
@@ -161,7 +161,7 @@ class ActionRunner:
     def _apply_memory_once(self, done: ActionDone) -> None:
         if not done.memory_updates:
             return
-        snapshot = self.store.memory(done.ref.key)
+        snapshot = self.store.memory(done.ref.key, done.ref.partition)
         if snapshot is not None and (snapshot.applied_seq, snapshot.applied_ordinal) >= (
             done.ref.seq,
             done.ordinal,

@@ -7,6 +7,7 @@ code block can wait for *its* record's ack without flushing anybody else's.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -18,6 +19,33 @@ def completed_future() -> Future[None]:
     fut: Future[None] = Future()
     fut.set_result(None)
     return fut
+
+
+def all_of(futures: Sequence[Future[None]]) -> Future[None]:
+    """A future that resolves when every one of ``futures`` has (first error wins)."""
+    if not futures:
+        return completed_future()
+    if len(futures) == 1:
+        return futures[0]
+    combined: Future[None] = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(fut: Future[None]) -> None:
+        exc = fut.exception()
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if combined.done():
+            return
+        if exc is not None:
+            combined.set_exception(exc)
+        elif last:
+            combined.set_result(None)
+
+    for fut in futures:
+        fut.add_done_callback(one_done)
+    return combined
 
 
 class ActionStateStore(ABC):
@@ -32,7 +60,7 @@ class ActionStateStore(ABC):
         """The completion record of an action run, if it completed."""
 
     @abstractmethod
-    def memory(self, key: str) -> MemorySnapshot | None:
+    def memory(self, key: str, partition: int) -> MemorySnapshot | None:
         """Latest short-term memory snapshot of ``key``."""
 
     @abstractmethod

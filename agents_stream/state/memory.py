@@ -38,7 +38,7 @@ class InMemoryActionStateStore(ActionStateStore):
         entry = self._entries.get(("a", ref.key, ref.seq, ref.action))
         return entry if isinstance(entry, ActionDone) else None
 
-    def memory(self, key: str) -> MemorySnapshot | None:
+    def memory(self, key: str, partition: int = 0) -> MemorySnapshot | None:
         entry = self._entries.get(("m", key))
         return entry if isinstance(entry, MemorySnapshot) else None
 

@@ -1,0 +1,1 @@
+"""Thin confluent-kafka wrappers: client configs, topic admin, an acking producer."""

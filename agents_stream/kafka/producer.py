@@ -1,0 +1,135 @@
+"""AckingProducer: produce with linger and hand back a future per record.
+
+One background thread polls librdkafka for delivery reports. Reports are gathered per
+poll and handed to ``on_acked`` hooks *before* the futures resolve, so a hook (the RocksDB
+cache) can apply a whole poll's worth of acks in one write batch and a waiter never
+observes an acked record that the cache does not have yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from ..errors import KafkaIOError
+
+AckHook = Callable[[list["Ack"]], None]
+
+
+@dataclass
+class Ack:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    future: Future[None]
+    error: KafkaError | None = None
+
+
+class AckingProducer:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._config = config
+        self._producer: Producer | None = None
+        self._hooks: dict[str, AckHook] = {}
+        self._batch: list[Ack] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._batch_lock = threading.Lock()
+
+    def on_acked(self, topic: str, hook: AckHook) -> None:
+        """Call ``hook`` with each poll's successful acks of ``topic`` before resolving them."""
+        self._hooks[topic] = hook
+
+    @property
+    def producer(self) -> Producer:
+        with self._lock:
+            if self._producer is None:
+                self._producer = Producer(self._config)
+                self._thread = threading.Thread(
+                    target=self._poll_loop, name="agents-stream-producer", daemon=True
+                )
+                self._thread.start()
+            return self._producer
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Future[None]:
+        fut: Future[None] = Future()
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            ack = Ack(msg.topic(), msg.partition(), msg.offset(), key, value, fut, err)
+            with self._batch_lock:
+                self._batch.append(ack)
+
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if headers:
+            kwargs["headers"] = headers
+        producer = self.producer
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                return fut
+            except BufferError:
+                # Local queue full: let deliveries drain instead of failing the action.
+                producer.poll(0.05)
+
+    def _poll_loop(self) -> None:
+        assert self._producer is not None
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        with self._batch_lock:
+            if not self._batch:
+                return
+            batch, self._batch = self._batch, []
+        by_topic: dict[str, list[Ack]] = {}
+        for ack in batch:
+            if ack.error is None:
+                by_topic.setdefault(ack.topic, []).append(ack)
+        for topic, acks in by_topic.items():
+            hook = self._hooks.get(topic)
+            if hook is not None:
+                try:
+                    hook(acks)
+                except Exception as exc:  # the cache failed: the waiters must not proceed
+                    for ack in acks:
+                        ack.error = KafkaError(KafkaError._FAIL, f"ack hook failed: {exc}")
+        for ack in batch:
+            if ack.future.done():
+                continue
+            if ack.error is None:
+                ack.future.set_result(None)
+            else:
+                ack.future.set_exception(
+                    KafkaIOError(f"delivery to {ack.topic} failed: {ack.error}", code=ack.error.code())
+                )
+
+    def flush(self, timeout: float = 30.0) -> int:
+        if self._producer is None:
+            return 0
+        remaining = self._producer.flush(timeout)
+        return int(remaining)
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.flush(timeout)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._dispatch()

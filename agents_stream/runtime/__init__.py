@@ -1,0 +1,1 @@
+"""The worker host: consumer loop, execution controller, commits, DLQ, rebalances."""

@@ -1,0 +1,58 @@
+"""Which input offset may be committed: the lowest one not yet finished.
+
+Records finish out of order (different keys run concurrently), so the committable
+position of a partition is the smallest offset still in flight, or one past the highest
+offset seen when nothing is. Committing never passes an unfinished record.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+
+class PartitionOffsets:
+    def __init__(self) -> None:
+        self._heap: list[int] = []
+        self._open: set[int] = set()
+        self._next = -1  # one past the highest offset started
+        self.committed = -1
+
+    def start(self, offset: int) -> None:
+        self._open.add(offset)
+        heapq.heappush(self._heap, offset)
+        self._next = max(self._next, offset + 1)
+
+    def finish(self, offset: int) -> None:
+        self._open.discard(offset)
+        while self._heap and self._heap[0] not in self._open:
+            heapq.heappop(self._heap)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._open)
+
+    def committable(self) -> int | None:
+        """Offset to commit (next to consume), or None when nothing new is finished."""
+        position = self._heap[0] if self._heap else self._next
+        if position < 0 or position <= self.committed:
+            return None
+        return position
+
+
+class OffsetTracker:
+    def __init__(self) -> None:
+        self.partitions: dict[tuple[str, int], PartitionOffsets] = {}
+
+    def get(self, topic: str, partition: int) -> PartitionOffsets:
+        return self.partitions.setdefault((topic, partition), PartitionOffsets())
+
+    def drop(self, topic: str, partition: int) -> None:
+        self.partitions.pop((topic, partition), None)
+
+    def committable(self) -> dict[tuple[str, int], int]:
+        out = {}
+        for tp, offsets in self.partitions.items():
+            position = offsets.committable()
+            if position is not None:
+                out[tp] = position
+        return out

@@ -1,0 +1,27 @@
+"""Output sink of the worker: an agent's OutputEvents to its output topic."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from ..kafka.producer import AckingProducer
+from ..state.base import all_of
+
+
+class KafkaOutputSink:
+    def __init__(self, producer: AckingProducer, topic: str, codec: Any) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._codec = codec
+
+    def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
+        # The output keeps the input key; its partition follows from the key.
+        raw_key = key.encode()
+        return all_of(
+            [
+                self._producer.send(self._topic, self._codec.encode(v), key=raw_key)
+                for v in values
+            ]
+        )

@@ -1,0 +1,401 @@
+"""The worker: hosts an App's agents on a Kafka consumer group.
+
+Threads: the asyncio loop runs actions; one "kafka" thread makes every consumer call
+(librdkafka consumers are not thread-safe), including rebalance callbacks; the producer
+polls delivery reports on its own thread.
+
+Commit protocol (every ``commit_interval`` and on revoke/shutdown):
+  1. per partition, the committable offset is the lowest offset whose record is not
+     finished (a record finishes when all its actions completed and their outputs and
+     journal records were acknowledged);
+  2. commit those offsets synchronously;
+  3. tombstone the ActionStates of records below the committed offsets (pruning).
+
+Rebalance protocol (on revoke): stop taking records of the revoked partitions, drain
+their in-flight records up to ``shutdown_timeout`` (abandon the rest: they were not
+committed, and replay from the journal on the next owner), commit, close their caches.
+On assign: catch up each partition's RocksDB cache from the ActionState topic before any
+record of it is processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from ..app import AgentBinding, App
+from ..durable.context import ContextConfig
+from ..durable.errors import JournalDecodeError, NonDeterminismError
+from ..durable.runner import ActionRunner, RecordInput
+from ..errors import ConfigurationError, KafkaIOError
+from ..kafka.admin import TopicAdmin, TopicSpec, compacted
+from ..kafka.config import consumer_config, producer_config
+from ..kafka.producer import AckingProducer
+from ..serde.journal import default_journal_codec
+from ..serde.values import value_codec
+from ..state.kafka import KafkaActionStateStore
+from .controller import ExecutionController
+from .dlq import DeadLetters
+from .offsets import OffsetTracker
+from .sink import KafkaOutputSink
+
+log = logging.getLogger("agents_stream.worker")
+
+FATAL = (JournalDecodeError, NonDeterminismError)
+
+
+class Worker:
+    """Runs ``app`` until stopped (SIGTERM/SIGINT or :meth:`stop`).
+
+    Args:
+        app: the App to host.
+        broker: bootstrap servers (already resolved).
+        data_dir: root of the RocksDB caches.
+        worker_id: recorded in every CallResult (default host-pid).
+        shutdown_timeout: how long in-flight records may finish on shutdown / revoke.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        broker: str,
+        data_dir: str | Path | None = None,
+        worker_id: str | None = None,
+        shutdown_timeout: float = 10.0,
+        max_in_flight: int | None = None,
+    ) -> None:
+        if not app.agents and not app.async_ios:
+            raise ConfigurationError(f"app {app.id!r} has no agents or async_io operators")
+        self.app = app
+        self.broker = broker
+        self.data_dir = Path(data_dir or app.data_dir or ".agents-stream") / app.id
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.shutdown_timeout = shutdown_timeout
+        self.max_in_flight = max_in_flight or app.max_in_flight
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._kafka = ThreadPoolExecutor(1, thread_name_prefix="agents-stream-kafka")
+        self._pool = ThreadPoolExecutor(64, thread_name_prefix="agents-stream-action")
+        self._owned: set[tuple[str, int]] = set()
+        self._state_refs: dict[int, int] = defaultdict(int)
+        self._finished: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
+        self._paused = False
+        self.stats: dict[str, int] = defaultdict(int)
+
+    # -- public -------------------------------------------------------------------------
+    def run(self) -> int:
+        asyncio.run(self.run_async())
+        return self.exit_code
+
+    def stop(self) -> None:
+        """Request a graceful stop; safe from any thread and from signal handlers."""
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+
+    # -- setup --------------------------------------------------------------------------
+    def _setup(self) -> None:
+        app = self.app
+        self.admin = TopicAdmin(self.broker)
+        inputs = app.input_topics
+        counts = self.admin.ensure([TopicSpec(t, app.partitions) for t in inputs])
+        state_partitions = max(counts[b.input] for b in app.agents) if app.agents else 1
+        outputs = [b.output for b in app.agents if b.output] + [b.output for b in app.async_ios]
+        self.admin.ensure(
+            [TopicSpec(t, app.partitions) for t in outputs]
+            + [TopicSpec(f"{t}-dlq", counts[t]) for t in inputs]
+            + ([compacted(app.action_state_topic, state_partitions)] if app.agents else [])
+        )
+        self.producer = AckingProducer(producer_config(self.broker, app.producer_config))
+        self.dlq = DeadLetters(self.producer, app.id)
+        self.controller = ExecutionController(self.max_in_flight)
+        self.offsets = OffsetTracker()
+        ctx_config = ContextConfig(
+            app_id=app.id,
+            worker_id=self.worker_id,
+            codec=app.payload_codec,
+            strict=app.strict_determinism,
+            executor=self._pool,
+        )
+        self.store: KafkaActionStateStore | None = None
+        if app.agents:
+            self.store = KafkaActionStateStore(
+                topic=app.action_state_topic,
+                producer=self.producer,
+                codec=default_journal_codec(app.schema_registry_url, app.action_state_topic),
+                data_dir=self.data_dir / "action-state",
+                bootstrap=self.broker,
+            )
+        self._agents: dict[str, tuple[AgentBinding, ActionRunner, Any]] = {}
+        for binding in app.agents:
+            sink = None
+            if binding.output:
+                out_codec = value_codec(
+                    binding.output_schema,
+                    registry_url=app.schema_registry_url,
+                    subject=f"{binding.output}-value",
+                )
+                sink = KafkaOutputSink(self.producer, binding.output, out_codec)
+            assert self.store is not None
+            runner = ActionRunner(binding.agent, self.store, ctx_config, sink)
+            in_codec = value_codec(
+                binding.input_schema,
+                registry_url=app.schema_registry_url,
+                subject=f"{binding.input}-value",
+            )
+            self._agents[binding.input] = (binding, runner, in_codec)
+        self._async_ios = {}
+        for aio in app.async_ios:
+            from .async_io import AsyncIOHost
+
+            self._async_ios[aio.input] = AsyncIOHost(aio, self.producer, self.dlq)
+        conf = consumer_config(self.broker, app.id, app.consumer_config)
+        self.consumer = Consumer(conf)
+        self.consumer.subscribe(inputs, on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    # -- main loop ----------------------------------------------------------------------
+    async def run_async(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._loop.add_signal_handler(sig, self._stopping.set)
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
+        await self._on_kafka(self._setup)
+        log.info(
+            "worker %s of app %s on %s: inputs %s", self.worker_id, self.app.id, self.broker,
+            ", ".join(self.app.input_topics),
+        )
+        committer = asyncio.create_task(self._commit_loop())
+        try:
+            await self._consume_loop()
+        finally:
+            committer.cancel()
+            await self._shutdown()
+
+    async def _on_kafka(self, fn: Any, *args: Any) -> Any:
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._kafka, fn, *args)
+
+    async def _consume_loop(self) -> None:
+        assert self._stopping is not None
+        while not self._stopping.is_set():
+            slots = self.controller.free_slots
+            if slots == 0:
+                # Backpressure: fetching stops for every assigned partition until records
+                # finish; nothing is consumed beyond the in-flight limit.
+                if not self._paused:
+                    await self._on_kafka(self._pause, True)
+                try:
+                    await asyncio.wait_for(self.controller.wait_for_capacity(), 0.2)
+                except TimeoutError:
+                    pass
+                continue
+            if self._paused:
+                await self._on_kafka(self._pause, False)
+            msgs = await self._on_kafka(self.consumer.consume, min(slots, 500), 0.1)
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("consumer error: %s", err)
+                    continue
+                self._dispatch(msg)
+
+    def _pause(self, pause: bool) -> None:
+        assignment = self.consumer.assignment()
+        if pause:
+            self.consumer.pause(assignment)
+        else:
+            self.consumer.resume(assignment)
+        self._paused = pause
+
+    def _dispatch(self, msg: Message) -> None:
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        if (topic, partition) not in self._owned:
+            return  # fetched before a revoke: the new owner consumes it
+        raw_key = msg.key()
+        key = raw_key.decode("utf-8", "backslashreplace") if raw_key is not None else ""
+        tracker = self.offsets.get(topic, partition)
+        tracker.start(offset)
+
+        def done(ok: bool) -> None:
+            if ok:
+                tracker.finish(offset)
+                self._finished[(topic, partition)].append((offset, key))
+                self.stats["records"] += 1
+
+        if topic in self._agents:
+            # All agents of an app share memory per key, so they also share key order.
+            work = lambda: self._handle_agent_record(msg, key)  # noqa: E731
+            self.controller.submit(key, (topic, partition), work, done)
+        else:
+            host = self._async_ios[topic]
+            self.controller.submit(("aio", topic, partition, offset), (topic, partition),
+                                   lambda: host.handle(msg), done)
+
+    async def _handle_agent_record(self, msg: Message, key: str) -> None:
+        binding, runner, in_codec = self._agents[msg.topic()]
+        try:
+            value = in_codec.decode(msg.value())
+        except Exception as exc:
+            log.warning(
+                "undecodable record %s[%d]@%d (key %r) -> %s-dlq: %s",
+                msg.topic(), msg.partition(), msg.offset(), key, msg.topic(), exc,
+            )
+            self.stats["dlq"] += 1
+            await asyncio.wrap_future(self.dlq.send(msg, "decode", exc))
+            return
+        record = RecordInput(
+            key=key,
+            seq=msg.offset(),
+            value=value,
+            partition=msg.partition(),
+            timestamp=msg.timestamp()[1],
+            headers={k: v for k, v in (msg.headers() or []) if v is not None},
+        )
+        try:
+            outcome = await runner.run(record)
+        except asyncio.CancelledError:
+            raise
+        except FATAL as exc:
+            log.critical("%s; stopping the worker", exc)
+            self._fail(exc)
+            raise
+        except Exception as exc:
+            log.error(
+                "action of %s raised on %s[%d]@%d key=%r: %r",
+                binding.name, msg.topic(), msg.partition(), msg.offset(), key, exc,
+                exc_info=exc,
+            )
+            if self.app.on_error == "fail":
+                self._fail(exc)
+                raise
+            self.stats["dlq"] += 1
+            await asyncio.wrap_future(self.dlq.send(msg, "action", exc))
+            return
+        self.stats["calls_executed"] += outcome.calls_executed
+        self.stats["calls_replayed"] += outcome.calls_replayed
+        self.stats["actions_skipped"] += outcome.actions_skipped
+
+    def _fail(self, exc: BaseException) -> None:
+        self.exit_code = 1
+        assert self._stopping is not None
+        self._stopping.set()
+
+    # -- commits ------------------------------------------------------------------------
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.app.commit_interval)
+            try:
+                await self._on_kafka(self._commit, None)
+            except KafkaIOError as exc:
+                log.warning("commit failed (will retry): %s", exc)
+
+    def _commit(self, only: set[tuple[str, int]] | None) -> None:
+        """Runs on the kafka thread: commit finished prefixes, then prune below them."""
+        offsets = {
+            tp: o
+            for tp, o in self.offsets.committable().items()
+            if (only is None or tp in only) and tp in self._owned
+        }
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                asynchronous=False,
+            )
+        except Exception as exc:
+            raise KafkaIOError(f"offset commit failed: {exc}") from exc
+        for tp, position in offsets.items():
+            self.offsets.get(*tp).committed = position
+            self._prune(tp, position)
+
+    def _prune(self, tp: tuple[str, int], committed: int) -> None:
+        finished = self._finished.get(tp)
+        if not finished:
+            return
+        done = [(o, k) for o, k in finished if o < committed]
+        self._finished[tp] = [(o, k) for o, k in finished if o >= committed]
+        if self.store is None or not self.app.prune_completed or tp[0] not in self._agents:
+            return
+        for offset, key in done:
+            self.store.prune(key, offset, tp[1])
+
+    # -- rebalance (kafka thread) ---------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        started = time.monotonic()
+        replayed = 0
+        for tp in partitions:
+            if tp.topic in self._agents and self.store is not None:
+                if self._state_refs[tp.partition] == 0:
+                    replayed += self.store.assign(tp.partition)
+                self._state_refs[tp.partition] += 1
+            self._owned.add((tp.topic, tp.partition))
+        if self._paused:
+            consumer.pause(partitions)
+        log.info(
+            "assigned %s (replayed %d journal records in %.2fs)",
+            _fmt(partitions), replayed, time.monotonic() - started,
+        )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = {(tp.topic, tp.partition) for tp in partitions} & self._owned
+        if not revoked:
+            return
+        assert self._loop is not None
+        abandoned = asyncio.run_coroutine_threadsafe(
+            self.controller.drain(revoked, self.shutdown_timeout), self._loop
+        ).result()
+        try:
+            self._commit(revoked)
+        except KafkaIOError as exc:
+            log.warning("commit on revoke failed: %s", exc)
+        for topic, partition in revoked:
+            self._owned.discard((topic, partition))
+            self.offsets.drop(topic, partition)
+            self._finished.pop((topic, partition), None)
+            if topic in self._agents and self.store is not None:
+                self._state_refs[partition] -= 1
+                if self._state_refs[partition] <= 0:
+                    self._state_refs.pop(partition, None)
+                    self.store.revoke(partition)
+        log.info("revoked %s (%d in-flight records abandoned)", _fmt(partitions), abandoned)
+
+    # -- shutdown -----------------------------------------------------------------------
+    async def _shutdown(self) -> None:
+        log.info("stopping: draining %d in-flight records", self.controller.in_flight)
+        abandoned = await self.controller.drain(None, self.shutdown_timeout)
+        if self.exit_code == 0:
+            try:
+                await self._on_kafka(self._commit, None)
+            except KafkaIOError as exc:
+                log.warning("final commit failed: %s", exc)
+        await self._on_kafka(self.consumer.close)
+        await self._loop.run_in_executor(None, self.producer.close)  # type: ignore[union-attr]
+        if self.store is not None:
+            self.store.close()
+        self._kafka.shutdown(wait=False)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        log.info(
+            "stopped (%d abandoned): %s", abandoned,
+            ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items())) or "no records",
+        )
+
+
+def _fmt(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"
+

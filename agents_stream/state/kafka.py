@@ -1,0 +1,213 @@
+"""KafkaActionStateStore: the journal in a compacted topic, read through RocksDB.
+
+Writes go to ``<app>-action-state`` partition *p* for input partition *p* (co-partitioned,
+so whoever owns the input partition owns its journal). A record's future resolves only
+after the broker acked it **and** the acked record is in the local cache, applied one
+RocksDB write batch per producer poll. Each partition cache keeps the next topic offset
+it reflects (``checkpoint``) so that, on assignment, only the tail written since (by this
+worker before a crash, by another owner, or by a Spark reconcile job) is replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch
+
+from ..durable.journal import (
+    ActionDone,
+    ActionRef,
+    CallEntry,
+    JournalEntry,
+    MemorySnapshot,
+)
+from ..kafka.producer import Ack, AckingProducer
+from ..serde.journal import JournalCodec
+from . import keys
+from .base import ActionStateStore, all_of
+from .recovery import rebuild_partition
+
+log = logging.getLogger("agents_stream.state")
+
+CHECKPOINT_KEY = b"\x00checkpoint"
+
+
+class PartitionCache:
+    """RocksDB view of one ActionState partition."""
+
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self.path = path
+        self.db = Rdict(str(path), options=opts)
+
+    @property
+    def checkpoint(self) -> int:
+        raw = self.db.get(CHECKPOINT_KEY)
+        return int(raw) if raw is not None else 0
+
+    def apply(self, records: Sequence[tuple[bytes, bytes | None]], next_offset: int) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for key, value in records:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        if next_offset > self.checkpoint:
+            batch.put(CHECKPOINT_KEY, str(next_offset).encode())
+        self.db.write(batch)
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        out = []
+        it = self.db.iter()
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            out.append((key, it.value()))
+            it.next()
+        del it
+        return out
+
+    def close(self) -> None:
+        self.db.close()
+
+    def destroy(self) -> None:
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class KafkaActionStateStore(ActionStateStore):
+    def __init__(
+        self,
+        *,
+        topic: str,
+        producer: AckingProducer,
+        codec: JournalCodec,
+        data_dir: Path,
+        bootstrap: str,
+    ) -> None:
+        self.topic = topic
+        self._producer = producer
+        self._codec = codec
+        self._dir = data_dir
+        self._bootstrap = bootstrap
+        self._caches: dict[int, PartitionCache] = {}
+        self._lock = threading.Lock()
+        producer.on_acked(topic, self._on_acked)
+
+    # -- partition lifecycle ----------------------------------------------------------
+    def assign(self, partition: int) -> int:
+        """Open (and catch up) the cache of ``partition``; returns records replayed."""
+        with self._lock:
+            if partition in self._caches:
+                return 0
+        cache = PartitionCache(self._dir / f"p{partition}")
+        replayed = rebuild_partition(self._bootstrap, self.topic, partition, cache, self._codec)
+        with self._lock:
+            self._caches[partition] = cache
+        return replayed
+
+    def revoke(self, partition: int) -> None:
+        with self._lock:
+            cache = self._caches.pop(partition, None)
+        if cache is not None:
+            cache.close()
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._caches)
+
+    def _cache(self, partition: int) -> PartitionCache:
+        cache = self._caches.get(partition)
+        if cache is None:
+            raise KeyError(f"ActionState partition {partition} is not assigned to this worker")
+        return cache
+
+    # -- reads --------------------------------------------------------------------------
+    def _decode(self, key: bytes, value: bytes) -> JournalEntry:
+        return self._codec.decode(key, value)
+
+    def calls(self, ref: ActionRef) -> dict[int, CallEntry]:
+        rows = self._cache(ref.partition).scan(keys.calls_prefix(ref))
+        out: dict[int, CallEntry] = {}
+        for key, value in rows:
+            entry = self._decode(key, value)
+            if isinstance(entry, CallEntry):
+                out[entry.index] = entry
+        return out
+
+    def done(self, ref: ActionRef) -> ActionDone | None:
+        raw = self._cache(ref.partition).db.get(keys.done_key(ref))
+        if raw is None:
+            return None
+        entry = self._decode(keys.done_key(ref), raw)
+        return entry if isinstance(entry, ActionDone) else None
+
+    def memory(self, key: str, partition: int) -> MemorySnapshot | None:
+        raw = self._cache(partition).db.get(keys.memory_key(key))
+        if raw is None:
+            return None
+        entry = self._decode(keys.memory_key(key), raw)
+        return entry if isinstance(entry, MemorySnapshot) else None
+
+    # -- writes -------------------------------------------------------------------------
+    def append(self, entries: Sequence[JournalEntry], partition: int) -> Future[None]:
+        futures = [
+            self._producer.send(
+                self.topic,
+                self._codec.encode(entry),
+                key=keys.entry_key_bytes(entry),
+                partition=partition,
+            )
+            for entry in entries
+        ]
+        return all_of(futures)
+
+    def _tombstone(self, raw_keys: Sequence[bytes], partition: int) -> Future[None]:
+        futures = [
+            self._producer.send(self.topic, None, key=k, partition=partition) for k in raw_keys
+        ]
+        return all_of(futures)
+
+    def remove_calls(self, ref: ActionRef, from_index: int) -> Future[None]:
+        doomed = [
+            k
+            for k, _ in self._cache(ref.partition).scan(keys.calls_prefix(ref))
+            if int(keys.decode_identity(k)[-1]) >= from_index
+        ]
+        return self._tombstone(doomed, ref.partition)
+
+    def prune(self, key: str, seq: int, partition: int) -> None:
+        cache = self._caches.get(partition)
+        if cache is None:
+            return
+        doomed = [k for p in keys.record_prefixes(key, seq) for k, _ in cache.scan(p)]
+        self._tombstone(doomed, partition)
+
+    def _on_acked(self, acks: list[Ack]) -> None:
+        by_partition: dict[int, list[Ack]] = {}
+        for ack in acks:
+            by_partition.setdefault(ack.partition, []).append(ack)
+        for partition, group in by_partition.items():
+            cache = self._caches.get(partition)
+            if cache is None:  # revoked meanwhile: the next owner replays it from the topic
+                continue
+            assert all(a.key is not None for a in group)
+            cache.apply(
+                [(a.key, a.value) for a in group],  # type: ignore[misc]
+                max(a.offset for a in group) + 1,
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            caches, self._caches = list(self._caches.values()), {}
+        for cache in caches:
+            cache.close()
