@@ -1,0 +1,97 @@
+"""Write golden ActionState values, one file per (schema version, case), into tests/data/.
+
+Golden files are written once, when a schema version is released, and then committed and
+never regenerated: ``tests/unit/serde/test_golden.py`` must decode them forever, which is
+what proves a reader still understands every released writer. Existing files are left
+untouched; run this after adding ``schemas/ActionState/vN.avsc`` to add vN's cases.
+
+    .venv/bin/python scripts/make_golden.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from agents_stream.durable.journal import (
+    ActionDone,
+    ActionRef,
+    CallEntry,
+    CallStatus,
+    ExceptionInfo,
+    JournalEntry,
+    MemorySnapshot,
+    MemoryUpdate,
+    SentEvent,
+    Truncation,
+)
+from agents_stream.serde.avro import AvroSerde
+from agents_stream.serde.journal import JournalCodec
+from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "golden" / JOURNAL_RECORD_TYPE
+REF = ActionRef("user-1", 42, "Scoring.process#1", partition=3)
+ERROR = ExceptionInfo("payments.CardDeclined", "card declined", "Traceback (most recent...)")
+
+# (name, first version able to write it, entry). Each case is written by every version
+# from that one on; fields a version lacks are simply not written.
+CASES: list[tuple[str, int, JournalEntry]] = [
+    (
+        "call-succeeded",
+        1,
+        CallEntry(REF, 0, "scoring.fetch", "a1", CallStatus.SUCCEEDED, b'{"v":1}'),
+    ),
+    ("call-failed", 1, CallEntry(REF, 1, "payments.charge", "b2", CallStatus.FAILED, None, ERROR)),
+    (
+        "action-done",
+        1,
+        ActionDone(
+            REF,
+            (MemoryUpdate("score", b"0.5"), MemoryUpdate("stale", None)),
+            (b'{"score":0.5}',),
+            (SentEvent("Scored", b'{"user":"user-1"}'),),
+            calls=2,
+            finished_ms=1_700_000_000_500,
+        ),
+    ),
+    ("memory-snapshot", 1, MemorySnapshot("user-1", {"score": b"0.5"}, 42, 1, 3)),
+    ("truncation", 1, Truncation(REF, 1, "scoring.b", "x", "scoring.a", "y", 2, 1_700_000_000_900)),
+    ("call-pending", 2, CallEntry(REF, 2, "payments.refund", "c3", CallStatus.PENDING)),
+    (
+        "call-audited",
+        3,
+        CallEntry(
+            REF,
+            3,
+            "payments.charge",
+            "d4",
+            CallStatus.SUCCEEDED,
+            b'{"ok":true}',
+            call_id="scoring:user-1:42:Scoring.process#1:3",
+            started_ms=1_700_000_000_000,
+            finished_ms=1_700_000_000_250,
+            attempts=2,
+            worker_id="worker-7",
+        ),
+    ),
+]
+
+
+def main() -> int:
+    versions = load_versions(JOURNAL_RECORD_TYPE)
+    OUT.mkdir(parents=True, exist_ok=True)
+    for version in versions:
+        codec = JournalCodec(AvroSerde(versions, writer=version))
+        for name, since, entry in CASES:
+            if version.version < since:
+                continue
+            path = OUT / f"v{version.version}-{name}.bin"
+            if path.exists():
+                continue  # released vectors are immutable
+            path.write_bytes(codec.encode(entry))
+            print(f"wrote {path.relative_to(OUT.parents[3])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Golden ActionState values written by every released schema version stay readable.
+
+The files in tests/data/golden/ were written once by scripts/make_golden.py and are never
+regenerated: if this test fails, a reader change broke records already on topics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents_stream.durable.journal import (
+    ActionDone,
+    ActionRef,
+    CallEntry,
+    CallStatus,
+    ExceptionInfo,
+    MemorySnapshot,
+    Truncation,
+)
+from agents_stream.serde import default_journal_codec
+from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
+from agents_stream.state.keys import entry_key_bytes
+
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden" / JOURNAL_RECORD_TYPE
+REF = ActionRef("user-1", 42, "Scoring.process#1", partition=3)
+REF_V1_CALL = ActionRef("user-1", 42, "Scoring.process#1")  # calls had no partition before v3
+ERROR = ExceptionInfo("payments.CardDeclined", "card declined", "Traceback (most recent...)")
+
+
+def decode(name: str):
+    data = (GOLDEN / name).read_bytes()
+    # Key bytes only matter for error messages; any slot key will do.
+    return default_journal_codec().decode(b"c\x1fuser-1\x1f42\x1fScoring.process#1\x1f0", data)
+
+
+def test_every_released_version_has_golden_files():
+    versions = load_versions(JOURNAL_RECORD_TYPE)
+    for version in versions:
+        files = sorted(GOLDEN.glob(f"v{version.version}-*.bin"))
+        assert files, f"no golden vectors for {version.label}: run scripts/make_golden.py"
+        for path in files:
+            assert path.read_bytes()[2:10] == version.fingerprint, path.name
+
+
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("*.bin")), ids=lambda p: p.stem)
+def test_every_golden_file_decodes(path):
+    entry = decode(path.name)
+    assert entry_key_bytes(entry)  # a complete, keyable entry
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_old_call_records_without_partition(version):
+    ok = decode(f"v{version}-call-succeeded.bin")
+    assert ok == CallEntry(REF_V1_CALL, 0, "scoring.fetch", "a1", CallStatus.SUCCEEDED, b'{"v":1}')
+    failed = decode(f"v{version}-call-failed.bin")
+    assert failed == CallEntry(
+        REF_V1_CALL, 1, "payments.charge", "b2", CallStatus.FAILED, None, ERROR
+    )
+
+
+def test_v1_exception_record_reads_as_failed_and_result_as_succeeded():
+    assert decode("v1-call-failed.bin").status is CallStatus.FAILED
+    assert decode("v1-call-failed.bin").exception == ERROR
+    assert decode("v1-call-succeeded.bin").status is CallStatus.SUCCEEDED
+
+
+def test_pending_since_v2():
+    assert decode("v2-call-pending.bin").status is CallStatus.PENDING
+    assert decode("v3-call-pending.bin").status is CallStatus.PENDING
+
+
+def test_v3_audit_fields():
+    entry = decode("v3-call-audited.bin")
+    assert entry == CallEntry(
+        REF,
+        3,
+        "payments.charge",
+        "d4",
+        CallStatus.SUCCEEDED,
+        b'{"ok":true}',
+        call_id="scoring:user-1:42:Scoring.process#1:3",
+        started_ms=1_700_000_000_000,
+        finished_ms=1_700_000_000_250,
+        attempts=2,
+        worker_id="worker-7",
+    )
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_other_entry_kinds(version):
+    done = decode(f"v{version}-action-done.bin")
+    assert isinstance(done, ActionDone) and done.ref == REF and done.calls == 2
+    assert [u.value for u in done.memory_updates] == [b"0.5", None]
+    assert done.outputs == (b'{"score":0.5}',) and done.emitted is True
+    snap = decode(f"v{version}-memory-snapshot.bin")
+    assert snap == MemorySnapshot("user-1", {"score": b"0.5"}, 42, 1, 3)
+    trunc = decode(f"v{version}-truncation.bin")
+    assert trunc == Truncation(REF, 1, "scoring.b", "x", "scoring.a", "y", 2, 1_700_000_000_900)
