@@ -1,0 +1,38 @@
+# A newcomer needs two targets: `make demo` and `make test`. Both create .venv if missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast bench lint format clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	touch $(STAMP)
+
+demo: venv  ## embedded broker + example worker + sample orders, prints receipts
+	$(PY) examples/demo.py
+
+test: venv  ## the whole suite: unit, integration (real broker), fault injection, Spark
+	JAVA_TOOL_OPTIONS= PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -ra
+
+test-fast: venv  ## unit tests only
+	$(PY) -m pytest -q tests/unit
+
+bench: venv  ## throughput tables against baselines measured in the same run
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) bench/run_all.py
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check agents_stream
+
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format agents_stream
+
+clean:
+	rm -rf .agents-stream build dist *.egg-info spark-warehouse metastore_db
