@@ -1,0 +1,268 @@
+"""``agents-stream state show|stats``: inspect the ActionState topic of an app.
+
+Reads ``<app id>-action-state`` from the beginning with a throwaway consumer (no group
+offsets are committed), keeping the latest value per record key the way compaction
+will (a tombstone deletes), and decodes values written by any schema version.
+End offsets are the high watermarks that fetches report (partition EOF), never
+ListOffsets, which some Kafka-protocol brokers answer wrongly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from typing import Any
+
+from ..durable.errors import JournalDecodeError
+from ..durable.journal import (
+    ActionDone,
+    CallEntry,
+    CallStatus,
+    JournalEntry,
+    MemorySnapshot,
+    Truncation,
+    action_ordinal,
+)
+from ..errors import AgentsStreamError, ConfigurationError, KafkaIOError
+from ..serde.journal import JournalCodec, default_journal_codec
+from ..state.keys import decode_identity
+from .common import add_app_args, load_app, setup_logging
+
+_SHORT = 60
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("state", help="inspect the ActionState topic of an app")
+    sub = parser.add_subparsers(dest="state_command", metavar="SUBCOMMAND", required=True)
+    show = sub.add_parser("show", help="print the ActionStates of one key")
+    add_app_args(show)
+    show.add_argument("--key", required=True, help="record key (as str) to show")
+    _add_read_args(show)
+    show.set_defaults(func=run_show)
+    stats = sub.add_parser("stats", help="count calls per action and status")
+    add_app_args(stats)
+    _add_read_args(stats)
+    stats.set_defaults(func=run_stats)
+
+
+def _add_read_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to reach the end of the topic"
+    )
+
+
+def run_show(args: argparse.Namespace) -> int:
+    def wanted(raw_key: bytes) -> bool:
+        parts = _identity(raw_key)
+        return len(parts) >= 2 and parts[1] == args.key
+
+    result = _read(args, wanted)
+    if result is None:
+        return 1
+    topic, entries = result
+    print(f"ActionStates of key {args.key!r} in {topic}:")
+    if not entries:
+        print("  (none)")
+    for line in format_key(entries):
+        print(line)
+    return 0
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    result = _read(args, lambda _: True)
+    if result is None:
+        return 1
+    topic, entries = result
+    print(f"ActionState statistics of {topic}:")
+    for line in format_stats(entries):
+        print(line)
+    return 0
+
+
+def _read(args: argparse.Namespace, wanted: Any) -> tuple[str, list[JournalEntry]] | None:
+    setup_logging(args.loglevel)
+    try:
+        app = load_app(args.app)
+        bootstrap = app.resolve_broker(args.broker)
+        if not bootstrap:
+            raise ConfigurationError(
+                "no broker configured: pass --broker, set AGENTS_STREAM_BROKER or App(broker=)"
+            )
+        topic = app.action_state_topic
+        codec = default_journal_codec(app.schema_registry_url, topic)
+        values = read_latest(bootstrap, topic, timeout=args.timeout, wanted=wanted)
+    except AgentsStreamError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    return topic, decode_all(codec, values)
+
+
+def decode_all(codec: JournalCodec, values: dict[bytes, bytes]) -> list[JournalEntry]:
+    """Decode live values; undecodable ones are reported on stderr, not fatal."""
+    entries = []
+    for key, value in values.items():
+        try:
+            entries.append(codec.decode(key, value))
+        except JournalDecodeError as exc:
+            print(f"warning: {exc}", file=sys.stderr)
+    return entries
+
+
+def read_latest(
+    bootstrap: str, topic: str, *, timeout: float = 30.0, wanted: Any = None
+) -> dict[bytes, bytes]:
+    """The live value of every key of ``topic`` (tombstoned keys removed).
+
+    Steps: assign every partition at the beginning; poll; a partition is done when the
+    consumer reports EOF at the fetch high watermark; stop when all are done.
+
+    Raises:
+        KafkaIOError: the topic does not exist, a fetch fails, or the end is not
+            reached within ``timeout`` seconds.
+    """
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"agents-stream-state-cli-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "log_level": 0,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            reason = meta.error if meta is not None and meta.error else "no partitions"
+            raise KafkaIOError(f"cannot read topic {topic!r}: {reason}")
+        partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
+        consumer.assign(partitions)
+        pending = {tp.partition for tp in partitions}
+        live: dict[bytes, bytes] = {}
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise KafkaIOError(
+                    f"end of {topic!r} not reached in {timeout}s (partitions {sorted(pending)})"
+                )
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaIOError(f"reading {topic!r}: {err}", code=err.code())
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, msg.partition()), cached=True
+                )
+                if msg.offset() >= high:
+                    pending.discard(msg.partition())
+                continue
+            key = msg.key() or b""
+            if wanted is not None and not wanted(key):
+                continue
+            value = msg.value()
+            if value is None:
+                live.pop(key, None)
+            else:
+                live[key] = value
+        return live
+    finally:
+        consumer.close()
+
+
+def format_key(entries: list[JournalEntry]) -> list[str]:
+    """Lines for ``state show``: actions by (seq, ordinal), their calls by index."""
+    calls: dict[tuple[int, str], list[CallEntry]] = defaultdict(list)
+    done: dict[tuple[int, str], ActionDone] = {}
+    truncations: dict[tuple[int, str], list[Truncation]] = defaultdict(list)
+    memory: list[MemorySnapshot] = []
+    for entry in entries:
+        if isinstance(entry, CallEntry):
+            calls[(entry.ref.seq, entry.ref.action)].append(entry)
+        elif isinstance(entry, ActionDone):
+            done[(entry.ref.seq, entry.ref.action)] = entry
+        elif isinstance(entry, Truncation):
+            truncations[(entry.ref.seq, entry.ref.action)].append(entry)
+        else:
+            memory.append(entry)
+    lines = []
+    runs = sorted({*calls, *done, *truncations}, key=lambda r: (r[0], action_ordinal(r[1]), r[1]))
+    for seq, action in runs:
+        finished = done.get((seq, action))
+        state = (
+            f"completed ({finished.calls} calls, {len(finished.outputs)} outputs)"
+            if finished
+            else "in progress"
+        )
+        lines.append(f"  seq {seq}  action {action}  {state}")
+        for call in sorted(calls[(seq, action)], key=lambda c: c.index):
+            lines.append(
+                f"    call {call.index}  {call.function_id}  {call.status.value}  {_outcome(call)}"
+            )
+        for cut in truncations[(seq, action)]:
+            lines.append(
+                f"    truncated at call {cut.index}: now {cut.expected_function_id}, "
+                f"journal had {cut.recorded_function_id} ({cut.dropped} dropped)"
+            )
+    for snap in memory:
+        values = ", ".join(f"{k}={_short(v)}" for k, v in sorted(snap.values.items()))
+        lines.append(f"  memory (after seq {snap.applied_seq}): {values or '(empty)'}")
+    return lines
+
+
+def format_stats(entries: list[JournalEntry]) -> list[str]:
+    """Lines for ``state stats``: per action, calls by status and completed runs."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for entry in entries:
+        if isinstance(entry, CallEntry):
+            counts[_action_name(entry.ref.action)][entry.status.value] += 1
+        elif isinstance(entry, ActionDone):
+            counts[_action_name(entry.ref.action)]["completed"] += 1
+        elif isinstance(entry, Truncation):
+            counts[_action_name(entry.ref.action)]["truncations"] += 1
+    columns = [s.value for s in CallStatus] + ["completed", "truncations"]
+    width = max([len("action"), *(len(a) for a in counts)])
+    lines = ["  ".join([f"{'action':<{width}}", *(f"{c:>11}" for c in columns)])]
+    for action in sorted(counts):
+        row = counts[action]
+        lines.append("  ".join([f"{action:<{width}}", *(f"{row[c]:>11}" for c in columns)]))
+    keys = sum(isinstance(e, MemorySnapshot) for e in entries)
+    lines.append(f"keys with memory: {keys}")
+    return lines
+
+
+def _action_name(action: str) -> str:
+    # Runs of one action differ only in their ordinal; stats aggregate over them.
+    name, sep, ordinal = action.rpartition("#")
+    return name if sep and ordinal.isdigit() else action
+
+
+def _outcome(call: CallEntry) -> str:
+    if call.exception is not None:
+        return f"exception {call.exception.type}: {_short(call.exception.message.encode())}"
+    if call.result is not None:
+        return f"result {_short(call.result)}"
+    return ""
+
+
+def _short(data: bytes | None) -> str:
+    if data is None:
+        return "(deleted)"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = "0x" + data.hex()
+    return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
+
+
+def _identity(raw_key: bytes) -> list[str]:
+    try:
+        return decode_identity(raw_key)
+    except UnicodeDecodeError:
+        return []
