@@ -155,7 +155,7 @@ def fetch_watermarks(
                     topic=topic,
                     partition=partition,
                 )
-            for msg in consumer.consume(num_messages=1000, timeout=0.2):
+            for msg in consumer.consume(num_messages=len(pending), timeout=0.05):
                 err = msg.error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaSourceError(

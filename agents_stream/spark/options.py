@@ -180,6 +180,10 @@ class KafkaSourceOptions:
             # Spark's Kafka source reads uncommitted data unless told otherwise; match it.
             "isolation.level": "read_uncommitted",
             "log_level": "3",
+            # librdkafka pauses fetching for fetch.queue.backoff.ms (1 s by default) each
+            # time its prefetch queue fills up; a reader drains the queue as fast as it
+            # can, so those pauses dominate a bulk read (90k -> 210k records/s locally).
+            "fetch.queue.backoff.ms": "10",
             **self.kafka_conf,
         }
         conf.update(

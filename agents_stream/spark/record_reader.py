@@ -76,7 +76,10 @@ def read_range(
         position = rng.start
         last_progress = time.monotonic()
         while position < rng.end:
-            msgs = consumer.consume(num_messages=batch_size, timeout=1.0)
+            # consume() waits until it has num_messages or the timeout passes, so never
+            # ask for more than the range can still hold, or the last call always waits.
+            wanted = min(batch_size, rng.end - position)
+            msgs = consumer.consume(num_messages=wanted, timeout=1.0)
             if not msgs:
                 if time.monotonic() - last_progress > poll_timeout_s:
                     raise KafkaSourceError(
