@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agents_stream.testing import EmbeddedBroker
+from agents_stream.testing.process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 _names = itertools.count()
@@ -44,3 +45,28 @@ def topic_factory(request: pytest.FixtureRequest):
 @pytest.fixture(scope="session")
 def python_exe() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def worker_factory(broker, tmp_path):
+    """Starts worker CLI subprocesses on the test broker; all are killed at teardown."""
+    started: list[WorkerProcess] = []
+
+    def make(app: str, env: dict[str, str], *, extra_args: list[str] | None = None) -> WorkerProcess:
+        n = next(_names)
+        proc = WorkerProcess(
+            app,
+            broker=broker.url,
+            data_dir=tmp_path / "data",
+            log_file=tmp_path / f"worker-{n}.log",
+            env=env,
+            cwd=ROOT,
+            extra_args=[*(extra_args or []), "--worker-id", f"w{n}"],
+        )
+        started.append(proc.start())
+        return proc
+
+    yield make
+    for proc in started:
+        if proc.alive:
+            proc.kill()

@@ -1,0 +1,77 @@
+"""External side effects counted in a SQLite file shared by test and worker processes.
+
+``effects`` rows are written *inside* code blocks (the side effect); ``acked`` rows are
+written by the action after ``ctx.execute`` returned, i.e. after the CallResult was
+acknowledged. An effects row with a larger id than an acked row of the same call id is an
+acknowledged call executed again: the thing guarantee 1 forbids.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS effects (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT, call_id TEXT, pid INT);
+CREATE TABLE IF NOT EXISTS acked (id INTEGER PRIMARY KEY AUTOINCREMENT, call_id TEXT);
+"""
+
+
+def connect(path: str | None = None) -> sqlite3.Connection:
+    db = sqlite3.connect(
+        path or os.environ["AS_EFFECTS_DB"],
+        timeout=60,
+        isolation_level=None,
+        check_same_thread=False,
+    )
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(SCHEMA)
+    return db
+
+
+_conn: sqlite3.Connection | None = None
+_LOCK = threading.Lock()  # one connection per process, shared by action threads
+
+
+def _db() -> sqlite3.Connection:
+    global _conn
+    if _conn is None:
+        _conn = connect()
+        _conn.execute("PRAGMA busy_timeout=60000")
+    return _conn
+
+
+def effect(kind: str, call_id: str) -> None:
+    with _LOCK:
+        _db().execute(
+            "INSERT INTO effects(kind, call_id, pid) VALUES (?, ?, ?)", (kind, call_id, os.getpid())
+        )
+
+
+def acked(call_id: str) -> None:
+    with _LOCK:
+        _db().execute("INSERT INTO acked(call_id) VALUES (?)", (call_id,))
+
+
+def has_effect(call_id: str) -> bool:
+    with _LOCK:
+        row = (
+            _db()
+            .execute("SELECT 1 FROM effects WHERE call_id = ? AND kind != 'reconcile'", (call_id,))
+            .fetchone()
+        )
+    return row is not None
+
+
+def park(point: str) -> None:
+    """Block forever if the test armed latch ``point``; tell the test we are parked."""
+    latch = os.environ.get("AS_LATCH_DIR")
+    if not latch or not Path(latch, f"park-{point}").exists():
+        return
+    Path(latch, f"parked-{point}").write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.05)

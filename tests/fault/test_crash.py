@@ -1,0 +1,166 @@
+"""Guarantees 1-4 of DESIGN.md, proven by SIGKILLing a worker subprocess at a precise
+point (the action parks on a file latch once the journal record is acked), restarting it
+and counting the side effects recorded in SQLite."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agents_stream.testing.topics import create_topics, produce, read_topic, wait_for_records
+from tests.apps.effects import connect
+
+pytestmark = [pytest.mark.broker, pytest.mark.fault]
+
+APP = "tests.apps.crashy:app"
+
+
+class Crash:
+    """One crash scenario: topics, latch dir, effects DB, and worker processes."""
+
+    def __init__(self, broker, topic_factory, worker_factory, tmp_path: Path) -> None:
+        self.broker = broker
+        self.worker_factory = worker_factory
+        self.latch = tmp_path / "latch"
+        self.latch.mkdir()
+        self.db_path = tmp_path / "effects.sqlite"
+        connect(str(self.db_path)).close()
+        self.env = {
+            "AS_APP_ID": topic_factory("app"),
+            "AS_INPUT": topic_factory("in"),
+            "AS_OUTPUT": topic_factory("out"),
+            "AS_LATCH_DIR": str(self.latch),
+            "AS_EFFECTS_DB": str(self.db_path),
+        }
+        create_topics(broker.bootstrap, [self.env["AS_INPUT"]], partitions=2)
+
+    def arm(self, point: str) -> None:
+        (self.latch / f"park-{point}").write_text("")
+
+    def disarm(self, point: str) -> None:
+        (self.latch / f"park-{point}").unlink(missing_ok=True)
+
+    def wait_parked(self, point: str, worker, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not (self.latch / f"parked-{point}").exists():
+            assert worker.alive, worker.log()
+            assert time.monotonic() < deadline, f"never parked at {point}\n{worker.log()}"
+            time.sleep(0.05)
+
+    def start(self, **env: str):
+        return self.worker_factory(APP, {**self.env, **env})
+
+    def send(self, *values: dict) -> None:
+        produce(self.broker.bootstrap, self.env["AS_INPUT"], [(f"key-{v.get('n', 0)}", v) for v in values])
+
+    def outputs(self, count: int, timeout: float = 90):
+        return [r.json() for r in wait_for_records(self.broker.bootstrap, self.env["AS_OUTPUT"], count, timeout=timeout)]
+
+    def effects(self) -> Counter:
+        db = connect(str(self.db_path))
+        rows = db.execute("SELECT kind FROM effects").fetchall()
+        db.close()
+        return Counter(kind for (kind,) in rows)
+
+
+def wait_log(worker, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in worker.log():
+        assert worker.alive and time.monotonic() < deadline, worker.log()
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def crash(broker, topic_factory, worker_factory, tmp_path):
+    return Crash(broker, topic_factory, worker_factory, tmp_path)
+
+
+def test_a_acked_calls_are_not_executed_again(crash):
+    crash.arm("after-1")
+    crash.send({"scenario": "calls", "n": 7})
+    worker = crash.start()
+    crash.wait_parked("after-1", worker)  # calls 0 and 1 journaled and acked
+    worker.kill()
+    crash.disarm("after-1")
+    restarted = crash.start()
+    [out] = crash.outputs(1)
+    assert out["results"] == ["fetch-7", "score-7", "notify-7"]
+    assert crash.effects() == {"fetch": 1, "score": 1, "notify": 1}
+    assert restarted.terminate() == 0
+    assert "calls_replayed=2" in restarted.log()
+
+
+def test_b_pending_slot_is_reconciled_not_re_executed(crash):
+    crash.arm("in-charge")
+    crash.send({"scenario": "reconcile", "n": 50})
+    worker = crash.start()
+    crash.wait_parked("in-charge", worker)  # PENDING acked, money moved, result not journaled
+    worker.kill()
+    crash.disarm("in-charge")
+    crash.start()
+    [out] = crash.outputs(1)
+    assert out["charge"] == {"charged": 50, "by": "reconciler"}
+    assert crash.effects() == {"charge": 1, "reconcile": 1}
+
+
+def test_c_journaled_exception_is_reraised_without_running(crash):
+    crash.arm("after-failure")
+    crash.send({"scenario": "exception", "n": 3})
+    worker = crash.start()
+    crash.wait_parked("after-failure", worker)
+    worker.kill()
+    crash.disarm("after-failure")
+    crash.start()
+    [out] = crash.outputs(1)
+    assert out["caught"] == "ValueError: declined 3"
+    assert crash.effects() == {"failing": 1}
+
+
+def test_d_changed_call_order_truncates_and_re_executes(crash):
+    crash.arm("reorder-1")
+    crash.send({"scenario": "reorder", "n": 1})
+    worker = crash.start(AS_VARIANT="v1")
+    crash.wait_parked("reorder-1", worker)  # A and B journaled
+    worker.kill()
+    crash.disarm("reorder-1")
+    restarted = crash.start(AS_VARIANT="v2")  # the new deploy calls A, C, B
+    [out] = crash.outputs(1)
+    assert out["results"] == ["A-1", "C-1", "B-1"]
+    # A replayed; slot 1 (B) mismatched C: truncated, C executed, B executed again
+    assert crash.effects() == {"A": 1, "B": 2, "C": 1}
+    restarted.terminate()
+    log = restarted.log()
+    assert "non-deterministic replay" in log and "call_index=1" in log
+
+
+def test_e_completed_action_is_skipped_and_memory_applied_once(crash):
+    crash.arm("second")
+    crash.send({"scenario": "two-actions", "n": 4})
+    worker = crash.start()
+    crash.wait_parked("second", worker)  # first action completed, second in flight
+    worker.kill()
+    crash.disarm("second")
+    restarted = crash.start()
+    [out] = crash.outputs(1)
+    assert out == {"n": 4, "first": "first-4", "second": "second-4", "count": 1}
+    assert crash.effects() == {"first": 1, "second": 1}
+    restarted.terminate()
+    assert "actions_skipped=1" in restarted.log()
+
+
+def test_e_completed_record_re_consumed_is_skipped_without_duplicate_output(crash):
+    crash.send({"scenario": "calls", "n": 9})
+    worker = crash.start(AS_COMMIT_INTERVAL="3600")  # finishes but never commits
+    crash.outputs(1)
+    time.sleep(0.5)  # let the emitted marker be acked too
+    worker.kill()
+    restarted = crash.start()
+    wait_log(restarted, "assigned")
+    time.sleep(2)
+    assert restarted.terminate() == 0
+    assert "actions_skipped=1" in restarted.log(), restarted.log()
+    assert crash.effects() == {"fetch": 1, "score": 1, "notify": 1}
+    assert len(read_topic(crash.broker.bootstrap, crash.env["AS_OUTPUT"])) == 1
