@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .errors import KafkaSourceError, KafkaSourceOptionError, SparkUnavailableError
-    from .kafka_source import SOURCE_NAME, KafkaDataSource, read_kafka, source_options
-    from .offsets import OffsetRange, plan_offset_ranges
-    from .options import KafkaSourceOptions
+    from .kafka_source import SOURCE_NAME, KafkaDataSource, read_kafka
+    from .offsets import OffsetRange, plan_offset_ranges, plan_ranges
+    from .options import KafkaSourceOptions, source_options
     from .record_reader import read_range
     from .session import check_java, get_spark, register_data_sources
 
@@ -25,9 +25,10 @@ _EXPORTS = {
     "SOURCE_NAME": "kafka_source",
     "KafkaDataSource": "kafka_source",
     "read_kafka": "kafka_source",
-    "source_options": "kafka_source",
+    "source_options": "options",
     "OffsetRange": "offsets",
     "plan_offset_ranges": "offsets",
+    "plan_ranges": "offsets",
     "KafkaSourceOptions": "options",
     "read_range": "record_reader",
     "check_java": "session",
@@ -46,6 +47,7 @@ __all__ = [
     "check_java",
     "get_spark",
     "plan_offset_ranges",
+    "plan_ranges",
     "read_kafka",
     "read_range",
     "register_data_sources",

@@ -34,7 +34,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,7 +51,17 @@ from pyspark.sql.types import (
 )
 
 from .offsets import OffsetRange, plan_offset_ranges
-from .options import KafkaSourceOptions, OffsetSpec
+from .options import KafkaSourceOptions, OffsetSpec, source_options
+
+__all__ = [
+    "KAFKA_SCHEMA",
+    "SOURCE_NAME",
+    "KafkaDataSource",
+    "KafkaRangePartition",
+    "KafkaRangeReader",
+    "read_kafka",
+    "source_options",
+]
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -124,32 +133,8 @@ class KafkaRangeReader(DataSourceReader):
             partition.range,
             include_headers=self.options.include_headers,
             poll_timeout_s=self.options.poll_timeout_ms / 1000,
+            fail_on_data_loss=self.options.fail_on_data_loss,
         )
-
-
-def source_options(
-    bootstrap: str,
-    topics: str | Sequence[str],
-    *,
-    starting: str | OffsetSpec = "earliest",
-    ending: str | OffsetSpec = "latest",
-    **options: Any,
-) -> dict[str, str]:
-    """Builds the option map of a batch read, as strings, for either Kafka source.
-
-    Mapping offsets are encoded as Spark's JSON; booleans as ``true``/``false``.
-    """
-    names = topics.split(",") if isinstance(topics, str) else list(topics)
-    out = {
-        "kafka.bootstrap.servers": bootstrap,
-        "subscribe": ",".join(t.strip() for t in names if t.strip()),
-        "startingOffsets": _offsets_option(starting),
-        "endingOffsets": _offsets_option(ending),
-        "includeHeaders": "true",
-    }
-    for key, value in options.items():
-        out[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    return out
 
 
 def read_kafka(
@@ -186,9 +171,3 @@ def read_kafka(
     if source == SOURCE_NAME:
         KafkaSourceOptions.from_options(opts)
     return spark.read.format(source).options(**opts).load()
-
-
-def _offsets_option(value: str | OffsetSpec) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps({t: {str(p): o for p, o in ps.items()} for t, ps in value.items()})

@@ -22,11 +22,12 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
 from .errors import KafkaSourceError, KafkaSourceOptionError
-from .options import EARLIEST, LATEST, KafkaSourceOptions, OffsetSpec
+from .options import EARLIEST, LATEST, KafkaSourceOptions, OffsetSpec, source_options
 
 _METADATA_TIMEOUT_S = 30.0
 
@@ -113,6 +114,27 @@ def plan_offset_ranges(options: KafkaSourceOptions) -> list[OffsetRange]:
         else:
             ranges.append(rng)
     return sorted(ranges)
+
+
+def plan_ranges(
+    bootstrap: str,
+    topics: str | Sequence[str],
+    starting: str | OffsetSpec = "earliest",
+    ending: str | OffsetSpec = "latest",
+    **options: Any,
+) -> list[OffsetRange]:
+    """Plans a read given like :func:`~agents_stream.spark.read_kafka`, without Spark.
+
+    Useful for jobs that want the ranges themselves: to log or checkpoint what a
+    backfill will cover, or to read them with :func:`~agents_stream.spark.read_range`.
+
+    Example::
+
+        for rng in plan_ranges("localhost:9092", "app-action-state"):
+            print(rng.topic, rng.partition, rng.start, rng.end)
+    """
+    opts = source_options(bootstrap, topics, starting=starting, ending=ending, **options)
+    return plan_offset_ranges(KafkaSourceOptions.from_options(opts))
 
 
 def fetch_watermarks(

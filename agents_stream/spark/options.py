@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from .errors import KafkaSourceOptionError
 
@@ -221,3 +221,34 @@ def _boolean(opts: Mapping[str, str], name: str, *, default: bool) -> bool:
     if raw.strip().lower() in ("true", "false"):
         return raw.strip().lower() == "true"
     raise KafkaSourceOptionError(f"expected 'true' or 'false', got {raw!r}", option=name)
+
+
+def source_options(
+    bootstrap: str,
+    topics: str | Sequence[str],
+    *,
+    starting: str | OffsetSpec = "earliest",
+    ending: str | OffsetSpec = "latest",
+    **options: Any,
+) -> dict[str, str]:
+    """Builds the option map of a batch read, as strings, for either Kafka source.
+
+    Mapping offsets are encoded as Spark's JSON; booleans as ``true``/``false``.
+    """
+    names = topics.split(",") if isinstance(topics, str) else list(topics)
+    out = {
+        "kafka.bootstrap.servers": bootstrap,
+        "subscribe": ",".join(t.strip() for t in names if t.strip()),
+        "startingOffsets": _offsets_option(starting),
+        "endingOffsets": _offsets_option(ending),
+        "includeHeaders": "true",
+    }
+    for key, value in options.items():
+        out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
+def _offsets_option(value: str | OffsetSpec) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps({t: {str(p): o for p, o in ps.items()} for t, ps in value.items()})

@@ -48,6 +48,7 @@ def read_range(
     include_headers: bool = True,
     batch_size: int = 10_000,
     poll_timeout_s: float = 120.0,
+    fail_on_data_loss: bool = True,
 ) -> Iterator[pa.RecordBatch]:
     """Yields the records of ``rng`` in offset order as Arrow record batches.
 
@@ -62,10 +63,13 @@ def read_range(
         include_headers: produce the ``headers`` column.
         batch_size: records per Arrow batch (and per ``consume`` call).
         poll_timeout_s: give up when no record or EOF arrives for this long.
+        fail_on_data_loss: raise when the partition now ends before ``rng.end`` (it was
+            truncated after planning) instead of returning the records that remain.
 
     Raises:
         KafkaSourceError: the broker reported an error, the start offset is out of range,
-            or no progress was made within ``poll_timeout_s``.
+            the partition ends before ``rng.end`` (with ``fail_on_data_loss``), or no
+            progress was made within ``poll_timeout_s``.
     """
     if rng.size <= 0:
         return
@@ -90,7 +94,7 @@ def read_range(
                     )
                 continue
             last_progress = time.monotonic()
-            records, position, done = _in_range(msgs, rng, position)
+            records, position, done = _in_range(msgs, rng, position, fail_on_data_loss)
             if records:
                 yield _to_batch(records, rng, schema, include_headers)
             if done:
@@ -100,7 +104,7 @@ def read_range(
 
 
 def _in_range(
-    msgs: list[Message], rng: OffsetRange, position: int
+    msgs: list[Message], rng: OffsetRange, position: int, fail_on_data_loss: bool
 ) -> tuple[list[Message], int, bool]:
     """Keeps the data records below ``rng.end``; returns them, the new position, done."""
     if any(m.error() is not None for m in msgs):
@@ -111,6 +115,13 @@ def _in_range(
                 records.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 # The broker has nothing past this offset: the range cannot grow further.
+                if m.offset() < rng.end and fail_on_data_loss:
+                    raise KafkaSourceError(
+                        f"partition ends at {m.offset()}, before the planned end {rng.end}",
+                        topic=rng.topic,
+                        partition=rng.partition,
+                        offset=m.offset(),
+                    )
                 return _cut(records, rng.end), rng.end, True
             else:
                 raise KafkaSourceError(

@@ -32,7 +32,8 @@ def test_old_java_is_rejected(monkeypatch, tmp_path) -> None:
 def test_importing_the_package_does_not_import_pyspark() -> None:
     code = (
         "import sys, agents_stream, agents_stream.spark as s;"
-        "s.OffsetRange; s.KafkaSourceOptions; s.SparkUnavailableError;"
+        "s.OffsetRange; s.KafkaSourceOptions; s.SparkUnavailableError; s.plan_ranges;"
+        "s.read_range; s.source_options;"
         "assert 'pyspark' not in sys.modules, 'pyspark imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
