@@ -26,6 +26,12 @@ each action (``count()``, ``collect()``...) plans again, so "latest" means lates
 action. Readers never join a consumer group and never commit offsets. Isolation level is
 ``read_uncommitted`` like Spark's source; set ``kafka.isolation.level`` to change it.
 
+The pieces are reusable without Spark: :func:`~agents_stream.spark.plan_ranges` lists the
+planned ``(topic, partition, start, end)`` ranges and
+:func:`~agents_stream.spark.read_range` reads one of them into Arrow batches, e.g. for
+audit, backfill or reconcile jobs over the ActionState topic that track their own
+progress per range.
+
 Example::
 
     spark = get_spark()

@@ -120,7 +120,7 @@ class KafkaSourceOptions:
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 120_000
     include_headers: bool = True
-    _group_suffix: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _group_suffix: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
