@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -164,9 +165,18 @@ class AsyncIOHost:
         self._op = None
         self._watermarks = None
         for settled in self._settle.values():
-            if not settled.done():
-                settled.set_exception(OperatorClosedError("async I/O host aborted"))
+            settled.cancel()  # its handle ends cancelled: uncommitted, not an error
         return len(dropped)
+
+    def forget_partitions(self, partitions: Iterable[int]) -> None:
+        """Event time: revoked partitions stop holding the watermark back.
+
+        Call on the event loop after a revoke; their unfinished records are the
+        controller's to abandon (their late outputs are dropped, see ``_waiting``).
+        """
+        if self._watermarks is not None:
+            for partition in partitions:
+                self._watermarks.forget(partition)
 
     @property
     def pending(self) -> int:
