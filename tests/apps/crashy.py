@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass
 
 from agents_stream import (
@@ -26,14 +27,15 @@ app = App(
 )
 
 
-def step(call_id: str, name: str, n: int) -> str:
+def step(call_id: str, name: str, n: int, delay: float = 0.0) -> str:
     effect(name, call_id)
+    time.sleep(delay)
     return f"{name}-{n}"
 
 
-async def step_async(call_id: str, name: str, n: int) -> str:
+async def step_async(call_id: str, name: str, n: int, delay: float = 0.0) -> str:
     effect(name, call_id)
-    await asyncio.sleep(0.001)
+    await asyncio.sleep(delay)
     return f"{name}-{n}"
 
 
@@ -77,7 +79,11 @@ class Crashy(Agent):
             results = []
             for i, name in enumerate(("fetch", "score", "notify")):
                 fn = step_async if i == 1 else step
-                r = await ctx.execute_async(fn, name, n) if i == 1 else ctx.execute(fn, name, n)
+                delay = v.get("delay", 0.0)
+                if i == 1:
+                    r = await ctx.execute_async(fn, name, n, delay)
+                else:
+                    r = ctx.execute(fn, name, n, delay)
                 acked(ctx.ref.call_id(app.id, i))
                 results.append(r)
                 park(f"after-{i}")

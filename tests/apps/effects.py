@@ -1,9 +1,9 @@
 """External side effects counted in a SQLite file shared by test and worker processes.
 
-``effects`` rows are written *inside* code blocks (the side effect); ``acked`` rows are
+``effect`` rows are written *inside* code blocks (the side effect); ``acked`` rows are
 written by the action after ``ctx.execute`` returned, i.e. after the CallResult was
-acknowledged. An effects row with a larger id than an acked row of the same call id is an
-acknowledged call executed again: the thing guarantee 1 forbids.
+acknowledged. Both share one id sequence, so an effect row with a larger id than an acked
+row of the same call id is an acknowledged call executed again: what guarantee 1 forbids.
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ import time
 from pathlib import Path
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS effects (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT, call_id TEXT, pid INT);
-CREATE TABLE IF NOT EXISTS acked (id INTEGER PRIMARY KEY AUTOINCREMENT, call_id TEXT);
+CREATE TABLE IF NOT EXISTS log (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, what TEXT, kind TEXT, call_id TEXT, pid INT
+);
+CREATE VIEW IF NOT EXISTS effects AS SELECT * FROM log WHERE what = 'effect';
+CREATE VIEW IF NOT EXISTS acked AS SELECT * FROM log WHERE what = 'acked';
 """
 
 
@@ -48,13 +51,16 @@ def _db() -> sqlite3.Connection:
 def effect(kind: str, call_id: str) -> None:
     with _LOCK:
         _db().execute(
-            "INSERT INTO effects(kind, call_id, pid) VALUES (?, ?, ?)", (kind, call_id, os.getpid())
+            "INSERT INTO log(what, kind, call_id, pid) VALUES ('effect', ?, ?, ?)",
+            (kind, call_id, os.getpid()),
         )
 
 
 def acked(call_id: str) -> None:
     with _LOCK:
-        _db().execute("INSERT INTO acked(call_id) VALUES (?)", (call_id,))
+        _db().execute(
+            "INSERT INTO log(what, call_id, pid) VALUES ('acked', ?, ?)", (call_id, os.getpid())
+        )
 
 
 def has_effect(call_id: str) -> bool:
@@ -75,3 +81,9 @@ def park(point: str) -> None:
     Path(latch, f"parked-{point}").write_text(str(os.getpid()))
     while True:
         time.sleep(0.05)
+
+
+REEXECUTED_AFTER_ACK = """
+SELECT COUNT(DISTINCT e.call_id) FROM effects e
+JOIN acked a ON a.call_id = e.call_id AND e.id > a.id
+"""
