@@ -21,8 +21,8 @@ from .errors import AgentsStreamError, ConfigurationError
 from .events import Event, InputEvent, OutputEvent
 
 __all__ = [
-    "AgentsStreamError",
     "Agent",
+    "AgentsStreamError",
     "App",
     "AsyncRetryStrategies",
     "CodeBlockViolation",

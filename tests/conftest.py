@@ -21,10 +21,9 @@ _names = itertools.count()
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """The embedded Tansu broker, or the cluster named by AGENTS_STREAM_TEST_BROKER."""
     external = os.environ.get("AGENTS_STREAM_TEST_BROKER")
-    if external:
-        host, _, port = external.removeprefix("kafka://").partition(":")
-        b = EmbeddedBroker(port=int(port))
-        yield b
+    if external:  # e.g. a real Kafka cluster: the same tests, no quirks
+        host, _, port = external.removeprefix("kafka://").rpartition(":")
+        yield EmbeddedBroker(port=int(port), host=host)  # never started: only addresses
         return
     log = tmp_path_factory.mktemp("broker") / "tansu.log"
     with EmbeddedBroker(log_file=log) as b:

@@ -19,7 +19,7 @@ from enum import Enum
 from typing import Any
 
 
-class CallStatus(str, Enum):
+class CallStatus(str, Enum):  # noqa: UP042 - str values are the wire format
     """Lifecycle of one call slot. PENDING exists only for reconcilable calls."""
 
     PENDING = "PENDING"

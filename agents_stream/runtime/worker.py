@@ -44,6 +44,7 @@ from ..kafka.producer import AckingProducer
 from ..serde.journal import default_journal_codec
 from ..serde.values import value_codec
 from ..state.kafka import KafkaActionStateStore
+from .async_io import AsyncIOHost
 from .controller import ExecutionController
 from .dlq import DeadLetters
 from .offsets import OffsetTracker
@@ -155,11 +156,9 @@ class Worker:
                 subject=f"{binding.input}-value",
             )
             self._agents[binding.input] = (binding, runner, in_codec)
-        self._async_ios = {}
-        for aio in app.async_ios:
-            from .async_io import AsyncIOHost
-
-            self._async_ios[aio.input] = AsyncIOHost(aio, self.producer, self.dlq)
+        self._async_ios: dict[str, AsyncIOHost] = {
+            aio.input: AsyncIOHost(aio, self.producer, self.dlq) for aio in app.async_ios
+        }
         conf = consumer_config(self.broker, app.id, app.consumer_config)
         self.consumer = Consumer(conf)
         self.consumer.subscribe(inputs, on_assign=self._on_assign, on_revoke=self._on_revoke)
@@ -365,6 +364,9 @@ class Worker:
         except KafkaIOError as exc:
             log.warning("commit on revoke failed: %s", exc)
         for topic, partition in revoked:
+            host = self._async_ios.get(topic)
+            if host is not None:  # a revoked partition must not hold back the watermark
+                self._loop.call_soon_threadsafe(host.forget_partitions, [partition])
             self._owned.discard((topic, partition))
             self.offsets.drop(topic, partition)
             self._finished.pop((topic, partition), None)
@@ -378,7 +380,12 @@ class Worker:
     # -- shutdown -----------------------------------------------------------------------
     async def _shutdown(self) -> None:
         log.info("stopping: draining %d in-flight records", self.controller.in_flight)
+        # Async I/O operators drain alongside, so their pending retries fire at once.
+        closing = [
+            asyncio.create_task(h.close(self.shutdown_timeout)) for h in self._async_ios.values()
+        ]
         abandoned = await self.controller.drain(None, self.shutdown_timeout)
+        await asyncio.gather(*closing, return_exceptions=True)
         if self.exit_code == 0:
             try:
                 await self._on_kafka(self._commit, None)

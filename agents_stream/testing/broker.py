@@ -49,14 +49,17 @@ class EmbeddedBroker:
         log_file: where the broker's stdout/stderr go (discarded when omitted).
     """
 
-    def __init__(self, port: int | None = None, *, log_file: str | Path | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, *, log_file: str | Path | None = None, host: str = "127.0.0.1"
+    ) -> None:
+        self.host = host
         self.port = port or free_port()
         self.log_file = Path(log_file) if log_file else None
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def url(self) -> str:

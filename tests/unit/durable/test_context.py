@@ -232,7 +232,7 @@ def test_call_id_injection_is_stable():
 def test_memory_and_events_forbidden_inside_code_block():
     store = InMemoryActionStateStore()
     ctx = make_ctx(store)
-    with pytest.raises(CodeBlockViolation, match="short_term_memory.set"):
+    with pytest.raises(CodeBlockViolation, match=r"short_term_memory\.set"):
         ctx.execute(lambda: ctx.short_term_memory.set("a", 1))
     with pytest.raises(CodeBlockViolation, match="send_event"):
         ctx.execute(lambda: ctx.send_event(None))  # type: ignore[arg-type]
