@@ -7,6 +7,9 @@
   committable.
 * In-flight limit: ``in_flight`` counts running plus buffered records; the host stops
   taking input (pauses partitions) while ``has_capacity`` is false.
+* Watermark epochs: each record joins the current epoch; :meth:`watermark` closes it and
+  its callback runs only once every earlier record finished (see ``epochs.py``). In
+  strict mode a record also waits for the epochs before its own.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
+
+from .epochs import Epoch, EpochManager, EpochMode
 
 log = logging.getLogger("agents_stream.runtime")
 
@@ -28,14 +33,18 @@ class _Pending:
     group: Hashable  # what drain() selects by, e.g. (topic, partition)
     work: Work
     done: Callable[[bool], None]  # called with True when finished, False when abandoned
+    epoch: Epoch
 
 
 class ExecutionController:
-    def __init__(self, max_in_flight: int = 6000) -> None:
+    def __init__(self, max_in_flight: int = 6000, *, epoch_mode: EpochMode = "out_of_order") -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.max_in_flight = max_in_flight
-        self._buffers: dict[Hashable, deque[_Pending]] = {}
+        self.epochs = EpochManager(epoch_mode)
+        self._buffers: dict[Hashable, deque[_Pending]] = {}  # waiting records per key
+        self._busy: set[Hashable] = set()  # keys with a running record
+        self._blocked: dict[Hashable, None] = {}  # keys whose next record waits for an epoch
         self._running: dict[asyncio.Task[None], _Pending] = {}
         self._in_flight = 0
         self._capacity = asyncio.Event()
@@ -63,35 +72,50 @@ class ExecutionController:
         self, key: Hashable, group: Hashable, work: Work, done: Callable[[bool], None]
     ) -> None:
         """Run ``work`` after every earlier record of ``key``; ``done`` reports the end."""
-        item = _Pending(key, group, work, done)
+        item = _Pending(key, group, work, done, self.epochs.enter())
         self._in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
         self._idle.clear()
         if self._in_flight >= self.max_in_flight:
             self._capacity.clear()
-        buffer = self._buffers.get(key)
-        if buffer is not None:
-            buffer.append(item)
-            return
-        self._buffers[key] = deque()
-        self._start(item)
+        self._buffers.setdefault(key, deque()).append(item)
+        self._pump(key)
 
-    def _start(self, item: _Pending) -> None:
-        task = asyncio.get_running_loop().create_task(item.work())
-        self._running[task] = item
+    def watermark(self, timestamp: int, process: Callable[[int], None]) -> None:
+        """Close the current epoch; ``process(timestamp)`` runs once it has finished."""
+        self.epochs.watermark(timestamp, process)
+        self._unblock()
+
+    def _pump(self, key: Hashable) -> None:
+        if key in self._busy:
+            return
+        buffer = self._buffers.get(key)
+        if not buffer:
+            self._buffers.pop(key, None)
+            return
+        head = buffer[0]
+        if not self.epochs.may_start(head.epoch):
+            self._blocked[key] = None
+            return
+        buffer.popleft()
+        self._busy.add(key)
+        task = asyncio.get_running_loop().create_task(head.work())
+        self._running[task] = head
         task.add_done_callback(self._finished)
+
+    def _unblock(self) -> None:
+        for key in list(self._blocked):
+            self._blocked.pop(key, None)
+            self._pump(key)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         item = self._running.pop(task)
         ok = not task.cancelled() and task.exception() is None
         if not task.cancelled() and task.exception() is not None:
             log.error("work for key %r crashed", item.key, exc_info=task.exception())
+        self._busy.discard(item.key)
         self._release(item, ok)
-        buffer = self._buffers.get(item.key)
-        if buffer:
-            self._start(buffer.popleft())
-        else:
-            self._buffers.pop(item.key, None)
+        self._pump(item.key)
 
     def _release(self, item: _Pending, ok: bool) -> None:
         self._in_flight -= 1
@@ -102,6 +126,13 @@ class ExecutionController:
                 self._capacity.set()
             if self._in_flight == 0:
                 self._idle.set()
+            self.epochs.leave(item.epoch)
+            if self.epochs.mode == "strict":
+                self._unblock()
+
+    async def join(self) -> None:
+        """Wait until every submitted record finished (buffered ones included)."""
+        await self._idle.wait()
 
     async def drain(
         self, groups: set[Hashable] | None = None, timeout: float = 10.0
@@ -115,13 +146,15 @@ class ExecutionController:
 
         abandoned = 0
         for key in list(self._buffers):
-            buffer = self._buffers[key]
-            keep = deque(i for i in buffer if not selected(i))
-            for item in buffer:
-                if selected(item):
-                    abandoned += 1
-                    self._release(item, False)
-            self._buffers[key] = keep
+            buffer = self._buffers.get(key)
+            dropped = [i for i in buffer or () if selected(i)]
+            if not dropped:
+                continue
+            self._buffers[key] = deque(i for i in buffer or () if not selected(i))
+            for item in dropped:
+                abandoned += 1
+                self._release(item, False)
+            self._pump(key)
         running = [t for t, i in self._running.items() if selected(i)]
         if running:
             _, pending = await asyncio.wait(running, timeout=timeout)

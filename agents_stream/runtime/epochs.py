@@ -1,0 +1,82 @@
+"""Watermark epochs (FLIP-425): a watermark is processed only after every record that
+arrived before it has finished.
+
+Records arriving between two watermarks form an *epoch*. A watermark closes the current
+epoch and is processed (its callback fires: event-time timers up to it, downstream
+propagation) once that epoch and every earlier one have no unfinished record; watermarks
+therefore fire in arrival order, never before the records they follow.
+
+Modes:
+  * ``"out_of_order"`` (default): records of a later epoch may start while an earlier
+    epoch is still finishing; only watermarks wait.
+  * ``"strict"``: a record of a later epoch does not start until every earlier epoch is
+    complete and its watermark processed (records never overtake a watermark).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+EpochMode = Literal["out_of_order", "strict"]
+
+
+@dataclass
+class Epoch:
+    id: int
+    unfinished: int = 0
+    watermark: int | None = None  # set when the epoch is closed by a watermark
+    on_close: list[Callable[[int], None]] = field(default_factory=list)
+
+
+class EpochManager:
+    def __init__(self, mode: EpochMode = "out_of_order") -> None:
+        if mode not in ("out_of_order", "strict"):
+            raise ValueError(f"unknown epoch mode {mode!r}")
+        self.mode = mode
+        self._epochs: deque[Epoch] = deque([Epoch(0)])
+        self._next_id = 1
+        self.processed_watermark: int | None = None
+
+    @property
+    def current(self) -> Epoch:
+        return self._epochs[-1]
+
+    def enter(self) -> Epoch:
+        """A record arrived: it belongs to the current (open) epoch."""
+        epoch = self.current
+        epoch.unfinished += 1
+        return epoch
+
+    def leave(self, epoch: Epoch) -> None:
+        """A record of ``epoch`` finished (or was abandoned)."""
+        epoch.unfinished -= 1
+        self._fire_ready()
+
+    def may_start(self, epoch: Epoch) -> bool:
+        """Strict mode: only records of the oldest unprocessed epoch may run."""
+        return self.mode == "out_of_order" or epoch is self._epochs[0]
+
+    def watermark(self, timestamp: int, process: Callable[[int], None]) -> None:
+        """Close the current epoch with ``timestamp``; ``process`` runs once it is due."""
+        epoch = self.current
+        epoch.watermark = timestamp
+        epoch.on_close.append(process)
+        self._epochs.append(Epoch(self._next_id))
+        self._next_id += 1
+        self._fire_ready()
+
+    def pending_watermarks(self) -> int:
+        return sum(1 for e in self._epochs if e.watermark is not None)
+
+    def _fire_ready(self) -> None:
+        while len(self._epochs) > 1:
+            oldest = self._epochs[0]
+            if oldest.unfinished > 0 or oldest.watermark is None:
+                return
+            self._epochs.popleft()
+            self.processed_watermark = oldest.watermark
+            for process in oldest.on_close:
+                process(oldest.watermark)
