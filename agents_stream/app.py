@@ -82,6 +82,12 @@ class App:
         prune_completed: tombstone a record's ActionStates once its offset is committed.
         commit_interval: seconds between offset commits.
         partitions: partition count of topics the worker has to create.
+        epoch_mode: ``"out_of_order"`` lets records overtake a pending watermark (only the
+            watermark waits for its epoch); ``"strict"`` holds them until it is processed.
+        out_of_orderness_ms: how late a record timestamp may be behind its partition's
+            newest before the watermark passes it (bounded out-of-orderness).
+        idle_timeout_ms: a partition without records this long stops holding the
+            watermark back (None: never idle).
     """
 
     id: str
@@ -95,6 +101,9 @@ class App:
     prune_completed: bool = True
     commit_interval: float = 1.0
     partitions: int = 4
+    epoch_mode: Literal["out_of_order", "strict"] = "out_of_order"
+    out_of_orderness_ms: int = 200
+    idle_timeout_ms: int | None = 10_000
     consumer_config: dict[str, Any] = field(default_factory=dict)
     producer_config: dict[str, Any] = field(default_factory=dict)
     agents: list[AgentBinding] = field(default_factory=list, init=False)

@@ -28,10 +28,11 @@ import socket
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
 
 from ..app import AgentBinding, App
 from ..durable.context import ContextConfig
@@ -49,6 +50,7 @@ from .controller import ExecutionController
 from .dlq import DeadLetters
 from .offsets import OffsetTracker
 from .sink import KafkaOutputSink
+from .watermarks import WatermarkGenerator
 
 log = logging.getLogger("agents_stream.worker")
 
@@ -120,7 +122,13 @@ class Worker:
         )
         self.producer = AckingProducer(producer_config(self.broker, app.producer_config))
         self.dlq = DeadLetters(self.producer, app.id)
-        self.controller = ExecutionController(self.max_in_flight)
+        self.controller = ExecutionController(self.max_in_flight, epoch_mode=app.epoch_mode)
+        # Event time per agent input topic, from record timestamps (FLIP-425 epochs).
+        self._watermarks = {
+            b.input: WatermarkGenerator(app.out_of_orderness_ms, app.idle_timeout_ms)
+            for b in app.agents
+        }
+        self.event_time: dict[str, int] = {}
         self.offsets = OffsetTracker()
         ctx_config = ContextConfig(
             app_id=app.id,
@@ -174,7 +182,10 @@ class Worker:
                 pass
         await self._on_kafka(self._setup)
         log.info(
-            "worker %s of app %s on %s: inputs %s", self.worker_id, self.app.id, self.broker,
+            "worker %s of app %s on %s: inputs %s",
+            self.worker_id,
+            self.app.id,
+            self.broker,
             ", ".join(self.app.input_topics),
         )
         committer = asyncio.create_task(self._commit_loop())
@@ -240,10 +251,19 @@ class Worker:
             # All agents of an app share memory per key, so they also share key order.
             work = lambda: self._handle_agent_record(msg, key)  # noqa: E731
             self.controller.submit(key, (topic, partition), work, done)
+            ts_type, ts = msg.timestamp()
+            if ts_type != TIMESTAMP_NOT_AVAILABLE:
+                watermark = self._watermarks[topic].on_record(partition, ts)
+                if watermark is not None:
+                    self.controller.watermark(watermark, partial(self._watermark_done, topic))
         else:
             host = self._async_ios[topic]
-            self.controller.submit(("aio", topic, partition, offset), (topic, partition),
-                                   lambda: host.handle(msg), done)
+            self.controller.submit(
+                ("aio", topic, partition, offset),
+                (topic, partition),
+                lambda: host.handle(msg),
+                done,
+            )
 
     async def _handle_agent_record(self, msg: Message, key: str) -> None:
         binding, runner, in_codec = self._agents[msg.topic()]
@@ -252,7 +272,12 @@ class Worker:
         except Exception as exc:
             log.warning(
                 "undecodable record %s[%d]@%d (key %r) -> %s-dlq: %s",
-                msg.topic(), msg.partition(), msg.offset(), key, msg.topic(), exc,
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                key,
+                msg.topic(),
+                exc,
             )
             self.stats["dlq"] += 1
             await asyncio.wrap_future(self.dlq.send(msg, "decode", exc))
@@ -276,7 +301,12 @@ class Worker:
         except Exception as exc:
             log.error(
                 "action of %s raised on %s[%d]@%d key=%r: %r",
-                binding.name, msg.topic(), msg.partition(), msg.offset(), key, exc,
+                binding.name,
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                key,
+                exc,
                 exc_info=exc,
             )
             if self.app.on_error == "fail":
@@ -288,6 +318,11 @@ class Worker:
         self.stats["calls_executed"] += outcome.calls_executed
         self.stats["calls_replayed"] += outcome.calls_replayed
         self.stats["actions_skipped"] += outcome.actions_skipped
+
+    def _watermark_done(self, topic: str, watermark: int) -> None:
+        """Every record before this watermark has finished: event time has advanced."""
+        self.event_time[topic] = watermark
+        self.stats["watermarks"] += 1
 
     def _fail(self, exc: BaseException) -> None:
         self.exit_code = 1
@@ -348,7 +383,9 @@ class Worker:
             consumer.pause(partitions)
         log.info(
             "assigned %s (replayed %d journal records in %.2fs)",
-            _fmt(partitions), replayed, time.monotonic() - started,
+            _fmt(partitions),
+            replayed,
+            time.monotonic() - started,
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -364,6 +401,8 @@ class Worker:
         except KafkaIOError as exc:
             log.warning("commit on revoke failed: %s", exc)
         for topic, partition in revoked:
+            if topic in self._watermarks:
+                self._loop.call_soon_threadsafe(self._watermarks[topic].forget, partition)
             host = self._async_ios.get(topic)
             if host is not None:  # a revoked partition must not hold back the watermark
                 self._loop.call_soon_threadsafe(host.forget_partitions, [partition])
@@ -398,11 +437,11 @@ class Worker:
         self._kafka.shutdown(wait=False)
         self._pool.shutdown(wait=False, cancel_futures=True)
         log.info(
-            "stopped (%d abandoned): %s", abandoned,
+            "stopped (%d abandoned): %s",
+            abandoned,
             ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items())) or "no records",
         )
 
 
 def _fmt(partitions: list[TopicPartition]) -> str:
     return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"
-
