@@ -166,7 +166,7 @@ def test_drain_abandons_buffered_and_cancels_slow_records():
         async def slow():
             await asyncio.sleep(5)
 
-        for i in range(3):
+        for _ in range(3):
             controller.submit("k", "p0", slow, outcomes.append)
         abandoned = await controller.drain({"p0"}, timeout=0.05)
         return abandoned, outcomes, controller.in_flight
