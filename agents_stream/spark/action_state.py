@@ -84,7 +84,9 @@ def decode_journal(
     """Decodes live ActionState records (output of :func:`compact`) into journal rows."""
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return decode_batches(batches, registry_url=registry_url, topic=topic, include_raw=include_raw)
+        return decode_batches(
+            batches, registry_url=registry_url, topic=topic, include_raw=include_raw
+        )
 
     return live.mapInArrow(decode, JOURNAL_DDL)
 
@@ -143,9 +145,7 @@ def action_states(journal: DataFrame) -> DataFrame:
 
     grouped = rows.groupBy("partition", "key", "seq", "action").agg(
         F.first("action_name").alias("action_name"),
-        F.array_sort(
-            F.collect_list(F.when(is_call, F.struct(*CALL_FIELDS)))
-        ).alias("calls"),
+        F.array_sort(F.collect_list(F.when(is_call, F.struct(*CALL_FIELDS)))).alias("calls"),
         count_status("PENDING").alias("pending_calls"),
         count_status("FAILED").alias("failed_calls"),
         count_status("SUCCEEDED").alias("succeeded_calls"),

@@ -146,7 +146,12 @@ def entry_row(entry: JournalEntry) -> dict[str, Any]:
 
 
 def _ref(ref: Any) -> dict[str, Any]:
-    return {"key": ref.key, "seq": ref.seq, "action": ref.action, "action_name": action_name(ref.action)}
+    return {
+        "key": ref.key,
+        "seq": ref.seq,
+        "action": ref.action,
+        "action_name": action_name(ref.action),
+    }
 
 
 def decode_record(
@@ -190,7 +195,11 @@ def decode_batches(
         cols = batch.to_pydict()
         rows = []
         for key, value, partition, offset, ts in zip(
-            cols["key"], cols["value"], cols["partition"], cols["offset"], cols["timestamp_ms"],
+            cols["key"],
+            cols["value"],
+            cols["partition"],
+            cols["offset"],
+            cols["timestamp_ms"],
             strict=True,
         ):
             row = decode_record(codec, key, value, include_raw=include_raw)
@@ -199,6 +208,8 @@ def decode_batches(
         yield pa.RecordBatch.from_pylist(rows, schema=JOURNAL_ARROW_SCHEMA)
 
 
-def decode_entries(codec: JournalCodec, records: Iterable[tuple[bytes, bytes]]) -> list[JournalEntry]:
+def decode_entries(
+    codec: JournalCodec, records: Iterable[tuple[bytes, bytes]]
+) -> list[JournalEntry]:
     """Decodes ``(key, value)`` pairs to journal entries (strict: errors propagate)."""
     return [codec.decode(key, value) for key, value in records]

@@ -1,0 +1,387 @@
+"""``spark audit``: what the ActionState, input and output topics of an app say happened.
+
+Read-only: nothing is written to Kafka and no consumer group offsets are committed (the
+app's group is only *asked* for its committed offsets). Steps, each a named Spark job:
+
+1. Read the ActionState topic, apply compaction and decode it (any schema version); the
+   decoded journal is cached for the following steps.
+2. Tables from the journal: calls per action and status (``status_counts``), ActionStates
+   without an ActionDone (``in_flight``), PENDING calls started longer ago than the
+   threshold (``stuck``), FAILED calls by exception type (``failures``), truncations
+   (``truncations``: non-determinism evidence) and undecodable records
+   (``undecodable``).
+3. ``missing_inputs``: input records (per agent binding) for which not every ActionState
+   of that record is completed. ``committed`` says whether the app's group already
+   committed past the record: with ``App(prune_completed=True)`` the states of committed
+   records are tombstoned, so only uncommitted missing inputs are anomalies there.
+4. ``duplicate_outputs``: output records grouped by key and content, counted against
+   the outputs the journal's ActionDone records hold for that key and content (at least
+   one); any surplus is a duplicate emission (the worker's at-least-once window).
+5. Write every table as Parquet under ``out_dir/<table>/``, ``summary.json``, and the
+   reports ``report.md`` (+ ``calls_by_status.svg``) and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import functions as F
+
+from ...app import App
+from ..action_state import action_states, read_journal
+from ..kafka_source import read_kafka
+from . import report
+from .common import committed_offsets, log, partition_counts, step
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+TABLES = (
+    "status_counts", "in_flight", "stuck", "failures", "truncations", "undecodable",
+    "missing_inputs", "duplicate_outputs",
+)  # fmt: skip
+
+
+@dataclass
+class AuditResult:
+    """Summary figures, the audit tables (lazy DataFrames) and where they were written."""
+
+    summary: dict[str, Any]
+    tables: dict[str, DataFrame]
+    out_dir: Path | None = None
+    reports: list[Path] = field(default_factory=list)
+
+
+def _agent_of(action_name_col: Any) -> Any:
+    return F.substring_index(action_name_col, ".", 1)
+
+
+def journal_tables(journal: DataFrame, *, stuck_after_ms: int, now_ms: int) -> dict[str, DataFrame]:
+    """The tables that need only the decoded journal (step 2)."""
+    calls = journal.where(F.col("kind") == "call")
+    states = action_states(journal)
+    return {
+        "status_counts": calls.groupBy("action_name", "status")
+        .count()
+        .orderBy("action_name", "status"),
+        "in_flight": states.where(~F.col("completed"))
+        .select(
+            "partition",
+            "key",
+            "seq",
+            "action",
+            "pending_calls",
+            "failed_calls",
+            "succeeded_calls",
+            F.size("calls").alias("calls"),
+        )  # fmt: skip
+        .orderBy("partition", "seq", "action"),
+        "stuck": calls.where(
+            (F.col("status") == "PENDING") & (F.col("started_ms") < F.lit(now_ms - stuck_after_ms))
+        )
+        .select(
+            "partition",
+            "key",
+            "seq",
+            "action",
+            "index",
+            "call_id",
+            "function_id",
+            "started_ms",
+            ((F.lit(now_ms) - F.col("started_ms")) / 1000).alias("age_s"),
+            "attempts",
+            "worker_id",
+        )  # fmt: skip
+        .orderBy("started_ms"),
+        "failures": calls.where(F.col("status") == "FAILED")
+        .groupBy("exception_type")
+        .agg(
+            F.count("*").alias("calls"),
+            F.array_sort(F.collect_set("function_id")).alias("functions"),
+            F.first("exception_message").alias("example_message"),
+            F.first("call_id").alias("example_call_id"),
+        )
+        .orderBy(F.desc("calls")),
+        "truncations": journal.where(F.col("kind") == "truncation").select(
+            "partition",
+            "key",
+            "seq",
+            "action",
+            "index",
+            "expected_function_id",
+            "recorded_function_id",
+            "expected_args_digest",
+            "recorded_args_digest",
+            "dropped",
+            "at_ms",
+        ),  # fmt: skip
+        "undecodable": journal.where(F.col("kind") == "undecodable").select(
+            "partition", "offset", "key", "seq", "action", "index", "error"
+        ),
+    }
+
+
+def missing_inputs(
+    journal: DataFrame, inputs: DataFrame, committed: DataFrame | None = None
+) -> DataFrame:
+    """Input records without a completed ActionState (step 3).
+
+    Args:
+        journal: decoded journal rows.
+        inputs: ``agent, topic, partition, offset, key`` of the input records.
+        committed: ``agent, partition, committed`` offsets of the app's group, or None.
+    """
+    per_record = (
+        action_states(journal)
+        .withColumn("agent", _agent_of(F.col("action_name")))
+        .groupBy("agent", "partition", "key", "seq")
+        .agg(F.min(F.col("completed").cast("int")).alias("all_done"))
+    )
+    joined = inputs.join(
+        per_record.withColumnRenamed("seq", "offset"),
+        ["agent", "partition", "key", "offset"],
+        "left",
+    ).where(F.col("all_done").isNull() | (F.col("all_done") == 0))
+    out = joined.select(
+        "agent", "topic", "partition", "offset", "key",
+        F.when(F.col("all_done").isNull(), "absent").otherwise("in_flight").alias("state"),
+    )  # fmt: skip
+    if committed is None:
+        return out.withColumn("committed", F.lit(None).cast("boolean"))
+    return (
+        out.join(committed, ["agent", "partition"], "left")
+        .withColumn("committed", F.coalesce(F.col("offset") < F.col("committed"), F.lit(False)))
+        .select(*out.columns, "committed")
+    )
+
+
+def duplicate_outputs(journal: DataFrame, outputs: DataFrame) -> DataFrame:
+    """Output (key, content) groups with more records than the journal accounts for.
+
+    Args:
+        journal: decoded journal rows.
+        outputs: ``agent, topic, key, value`` (value as text) of the output records.
+    """
+    expected = (
+        journal.where(F.col("kind") == "done")
+        .select(
+            _agent_of(F.col("action_name")).alias("agent"),
+            "key",
+            F.explode("outputs_json").alias("value"),
+        )
+        .groupBy("agent", "key", "value")
+        .agg(F.count("*").alias("expected"))
+    )
+    seen = outputs.groupBy("agent", "topic", "key", "value").agg(F.count("*").alias("records"))
+    return (
+        seen.join(expected, ["agent", "key", "value"], "left")
+        .withColumn("expected", F.coalesce("expected", F.lit(0)))
+        .withColumn("duplicates", F.col("records") - F.greatest("expected", F.lit(1)))
+        .where(F.col("duplicates") > 0)
+        .select("agent", "topic", "key", "value", "records", "expected", "duplicates")
+        .orderBy(F.desc("duplicates"), "key")
+    )
+
+
+def run_audit(
+    spark: SparkSession,
+    app: App,
+    bootstrap: str,
+    out_dir: str | Path | None,
+    *,
+    stuck_after_s: float = 300.0,
+    now_ms: int | None = None,
+    inputs: bool = True,
+    outputs: bool = True,
+    **read_options: Any,
+) -> AuditResult:
+    """Audits ``app`` (steps in the module docstring) and writes the results.
+
+    Args:
+        spark: the session.
+        app: the app whose topics are audited (``<id>-action-state``, each binding's
+            input and output topics).
+        bootstrap: bootstrap servers.
+        out_dir: directory for Parquet tables and reports; ``None`` writes nothing.
+        stuck_after_s: a PENDING call started longer ago than this is *stuck*.
+        now_ms: the audit's notion of now (epoch ms; default the wall clock).
+        inputs: compute ``missing_inputs`` (reads every input topic).
+        outputs: compute ``duplicate_outputs`` (reads every output topic).
+        **read_options: options for reading the ActionState topic, e.g.
+            ``maxRecordsPerPartition=200_000``.
+    """
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    with step(spark, "audit", f"read and decode {app.action_state_topic}"):
+        journal = read_journal(spark, bootstrap, app, **read_options).drop("raw_value").cache()
+        records = journal.count()
+    tables = journal_tables(journal, stuck_after_ms=int(stuck_after_s * 1000), now_ms=now_ms)
+    if inputs and app.agents:
+        tables["missing_inputs"] = _missing_inputs(spark, app, bootstrap, journal)
+    if outputs and any(b.output for b in app.agents):
+        tables["duplicate_outputs"] = _duplicate_outputs(spark, app, bootstrap, journal)
+    with step(spark, "audit", "summarize"):
+        summary = _summary(app, journal, tables, records, now_ms, stuck_after_s)
+    result = AuditResult(summary, tables)
+    if out_dir is not None:
+        with step(spark, "audit", f"write Parquet tables and reports to {out_dir}"):
+            _write(result, Path(out_dir), app)
+    journal.unpersist()
+    return result
+
+
+def _missing_inputs(spark: SparkSession, app: App, bootstrap: str, journal: DataFrame) -> DataFrame:
+    frames, committed_rows = [], []
+    counts = partition_counts(bootstrap, [b.input for b in app.agents])
+    for binding in app.agents:
+        if binding.input not in counts:
+            log.warning("audit: input topic %s does not exist; skipped", binding.input)
+            continue
+        raw = read_kafka(spark, bootstrap, binding.input, includeHeaders="false")
+        frames.append(
+            raw.select(
+                F.lit(binding.name).alias("agent"),
+                "topic",
+                "partition",
+                "offset",
+                F.col("key").cast("string").alias("key"),
+            )  # fmt: skip
+        )
+        offsets = committed_offsets(bootstrap, app.id, binding.input, counts[binding.input])
+        committed_rows += [(binding.name, p, o) for p, o in offsets.items()]
+    if not frames:
+        return spark.createDataFrame(
+            [],
+            "agent string, topic string, partition int, offset long, key string, "
+            "state string, committed boolean",
+        )
+    inputs = frames[0]
+    for frame in frames[1:]:
+        inputs = inputs.unionByName(frame)
+    committed = spark.createDataFrame(committed_rows, "agent string, partition int, committed long")
+    return missing_inputs(journal, inputs, committed)
+
+
+def _duplicate_outputs(
+    spark: SparkSession, app: App, bootstrap: str, journal: DataFrame
+) -> DataFrame:
+    topics = [b.output for b in app.agents if b.output]
+    counts = partition_counts(bootstrap, [t for t in topics if t])
+    frames = []
+    for binding in app.agents:
+        if not binding.output or binding.output not in counts:
+            continue
+        raw = read_kafka(spark, bootstrap, binding.output, includeHeaders="false")
+        frames.append(
+            raw.select(
+                F.lit(binding.name).alias("agent"),
+                "topic",
+                F.col("key").cast("string").alias("key"),
+                F.col("value").cast("string").alias("value"),
+            )  # fmt: skip
+        )
+    if not frames:
+        return spark.createDataFrame([], "agent string, topic string, key string, value string")
+    outputs_df = frames[0]
+    for frame in frames[1:]:
+        outputs_df = outputs_df.unionByName(frame)
+    return duplicate_outputs(journal, outputs_df)
+
+
+def _summary(
+    app: App,
+    journal: DataFrame,
+    tables: Mapping[str, DataFrame],
+    records: int,
+    now_ms: int,
+    stuck_after_s: float,
+) -> dict[str, Any]:
+    kinds = {r["kind"]: r["count"] for r in journal.groupBy("kind").count().collect()}
+    status = {
+        r["status"]: r["count"]
+        for r in journal.where("kind = 'call'").groupBy("status").count().collect()
+    }
+    states = action_states(journal)
+    total_states = states.count()
+    summary: dict[str, Any] = {
+        "app": app.id,
+        "action_state_topic": app.action_state_topic,
+        "audited_at_ms": now_ms,
+        "journal_records": records,
+        "action_states": total_states,
+        "completed_action_states": states.where("completed").count(),
+        "in_flight_action_states": tables["in_flight"].count(),
+        "calls_succeeded": status.get("SUCCEEDED", 0),
+        "calls_failed": status.get("FAILED", 0),
+        "calls_pending": status.get("PENDING", 0),
+        "stuck_after_s": stuck_after_s,
+        "stuck_calls": tables["stuck"].count(),
+        "truncations": kinds.get("truncation", 0),
+        "undecodable_records": kinds.get("undecodable", 0),
+        "memory_snapshots": kinds.get("memory", 0),
+    }
+    if "missing_inputs" in tables:
+        missing = {
+            (r["committed"], r["state"]): r["count"]
+            for r in tables["missing_inputs"].groupBy("committed", "state").count().collect()
+        }
+        summary["inputs_missing_state"] = sum(missing.values())
+        summary["inputs_missing_state_uncommitted"] = sum(
+            n for (committed, _), n in missing.items() if not committed
+        )
+    if "duplicate_outputs" in tables:
+        dups = tables["duplicate_outputs"].agg(
+            F.count("*").alias("groups"), F.sum("duplicates").alias("records")
+        )
+        row = dups.collect()[0]
+        summary["duplicate_output_groups"] = row["groups"]
+        summary["duplicate_output_records"] = row["records"] or 0
+    return summary
+
+
+_COLUMNS = {
+    "status_counts": ["action_name", "status", "count"],
+    "in_flight": ["partition", "key", "seq", "action", "pending_calls", "failed_calls", "calls"],
+    "stuck": ["partition", "key", "seq", "action", "index", "call_id", "age_s", "worker_id"],
+    "failures": ["exception_type", "calls", "functions", "example_message"],
+    "truncations": [
+        "key",
+        "seq",
+        "action",
+        "index",
+        "expected_function_id",
+        "recorded_function_id",
+        "dropped",
+    ],
+    "undecodable": ["partition", "offset", "key", "seq", "action", "index", "error"],
+    "missing_inputs": ["agent", "topic", "partition", "offset", "key", "state", "committed"],
+    "duplicate_outputs": ["agent", "key", "value", "records", "expected", "duplicates"],
+}
+
+
+def _write(result: AuditResult, out_dir: Path, app: App) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sections: list[report.Section] = []
+    for name, table in result.tables.items():
+        table.write.mode("overwrite").parquet(str(out_dir / name))
+        rows = [r.asDict() for r in table.limit(1000).collect()]
+        sections.append((name.replace("_", " "), rows, _COLUMNS[name]))
+    result.out_dir = out_dir
+    (out_dir / "summary.json").write_text(json.dumps(result.summary, indent=2))
+    status_rows = sections[0][1]
+    chart = report.svg_bar_chart(
+        "Calls by action and status",
+        [(f"{r['action_name']} {r['status']}", r["count"]) for r in status_rows],
+    )
+    (out_dir / "calls_by_status.svg").write_text(chart)
+    title = f"agents_stream audit of {app.id}"
+    md = report.render_markdown(title, result.summary, sections, "calls_by_status.svg")
+    page = report.render_html(title, result.summary, sections, [chart])
+    (out_dir / "report.md").write_text(md)
+    (out_dir / "report.html").write_text(page)
+    result.reports = [out_dir / "report.md", out_dir / "report.html"]
+    log.info("audit: reports written to %s", out_dir)

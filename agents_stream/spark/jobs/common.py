@@ -1,0 +1,71 @@
+"""What every Spark job shares: progress reporting and small Kafka metadata look-ups.
+
+Progress is shown twice: as log lines (``agents_stream.spark.jobs``) with the wall time
+of each step, and as the Spark job group/description of the step, so the Spark UI (or
+the history server) names every Spark job after the step that ran it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from ...errors import KafkaIOError
+from ...kafka.admin import TopicAdmin
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("agents_stream.spark.jobs")
+
+
+@contextmanager
+def step(spark: SparkSession, job: str, description: str) -> Iterator[None]:
+    """Names the Spark jobs run inside the block and logs the step's start and duration."""
+    sc = spark.sparkContext
+    sc.setJobGroup(f"agents-stream-{job}", f"{job}: {description}", interruptOnCancel=True)
+    log.info("%s: %s ...", job, description)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        log.info("%s: %s done in %.1fs", job, description, time.monotonic() - started)
+        sc.setJobGroup(f"agents-stream-{job}", f"{job}", interruptOnCancel=True)
+
+
+def partition_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Partition count of each existing topic among ``topics`` (missing ones left out)."""
+    return TopicAdmin(bootstrap).partition_counts(topics)
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """Offsets the consumer group ``group`` committed on ``topic`` (absent: none yet).
+
+    Raises:
+        KafkaIOError: the group coordinator could not be asked.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "log_level": 3,
+            "client.id": f"agents-stream-audit-{uuid.uuid4().hex[:8]}",
+        }
+    )
+    try:
+        tps = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+    except KafkaException as exc:
+        err = exc.args[0]
+        raise KafkaIOError(
+            f"cannot read offsets of group {group!r}: {err}", code=err.code()
+        ) from exc
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}

@@ -1,0 +1,101 @@
+"""Appends journal entries (or tombstones) to an ActionState topic from outside a worker.
+
+Used by ``spark reconcile`` (terminal CallResults for PENDING slots) and by ``spark
+backfill --write-journal``. Records are written exactly as the worker's store writes them:
+Kafka key :func:`~agents_stream.state.keys.entry_key_bytes`, value from the journal codec
+(``None`` for a tombstone), to an explicit partition (the ActionState partition equals
+the input partition, so the caller names it; the key's hash is *not* used).
+
+The producer is idempotent with ``acks=all``; :meth:`ActionStateWriter.flush` returns only
+when every record was acknowledged and raises if any failed, so a caller that reports
+success has durable records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from ..durable.journal import JournalEntry
+from ..errors import KafkaIOError
+from ..kafka.config import producer_config
+from ..serde.journal import JournalCodec, default_journal_codec
+from ..state.keys import entry_key_bytes
+
+
+class ActionStateWriter:
+    """Writes entries to one ActionState topic; use as a context manager.
+
+    Args:
+        bootstrap: bootstrap servers.
+        topic: the ActionState topic (``<app id>-action-state``).
+        codec: journal codec (default: the newest schema, single-object framing).
+    """
+
+    def __init__(self, bootstrap: str, topic: str, codec: JournalCodec | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.codec = codec or default_journal_codec(None, topic)
+        self._producer: Producer | None = None
+        self._errors: list[str] = []
+        self.written = 0
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(producer_config(self.bootstrap, {"linger.ms": 20}))
+        return self._producer
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}[{msg.partition()}] key={msg.key()!r}: {err}")
+
+    def _send(self, key: bytes, value: bytes | None, partition: int) -> None:
+        while True:
+            try:
+                self.producer.produce(
+                    self.topic, value=value, key=key, partition=partition,
+                    on_delivery=self._on_delivery,
+                )  # fmt: skip
+                break
+            except BufferError:
+                self.producer.poll(0.1)
+        self.written += 1
+
+    def write(self, entries: Iterable[tuple[int, JournalEntry]]) -> None:
+        """Queues ``(partition, entry)`` pairs; the key is the entry's compaction key."""
+        for partition, entry in entries:
+            self._send(entry_key_bytes(entry), self.codec.encode(entry), partition)
+
+    def write_raw(self, records: Iterable[tuple[int, bytes, bytes | None]]) -> None:
+        """Queues ``(partition, key, value)`` records as they are (``None``: tombstone)."""
+        for partition, key, value in records:
+            self._send(key, value, partition)
+
+    def flush(self, timeout: float = 60.0) -> int:
+        """Waits for every queued record's acknowledgement; returns the count written.
+
+        Raises:
+            KafkaIOError: a record was not acknowledged (named in the message).
+        """
+        if self._producer is not None and self._producer.flush(timeout) != 0:
+            raise KafkaIOError(f"{self.topic}: records still unacknowledged after {timeout}s")
+        if self._errors:
+            raise KafkaIOError(f"{len(self._errors)} records failed: {self._errors[:3]}")
+        return self.written
+
+    def __enter__(self) -> ActionStateWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.flush()
+        elif self._producer is not None:
+            self._producer.flush(5)
