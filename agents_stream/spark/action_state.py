@@ -37,14 +37,29 @@ if TYPE_CHECKING:
 __all__ = ["action_states", "compact", "decode_journal", "read_action_states", "read_journal"]
 
 CALL_FIELDS = (
-    "index", "function_id", "args_digest", "status", "result_json", "result_size",
-    "exception_type", "exception_message", "call_id", "started_ms", "finished_ms",
-    "attempts", "worker_id",
-)  # fmt: skip
+    "index",
+    "function_id",
+    "args_digest",
+    "status",
+    "result_json",
+    "result_size",
+    "exception_type",
+    "exception_message",
+    "call_id",
+    "started_ms",
+    "finished_ms",
+    "attempts",
+    "worker_id",
+)
 TRUNCATION_FIELDS = (
-    "index", "expected_function_id", "recorded_function_id", "expected_args_digest",
-    "recorded_args_digest", "dropped", "at_ms",
-)  # fmt: skip
+    "index",
+    "expected_function_id",
+    "recorded_function_id",
+    "expected_args_digest",
+    "recorded_args_digest",
+    "dropped",
+    "at_ms",
+)
 
 
 def _target(app_or_topic: App | str, registry_url: str | None) -> tuple[str, str | None]:
@@ -179,7 +194,12 @@ def read_action_states(
         states.where("not completed").select("key", "seq", "action", "calls").show()
     """
     journal = read_journal(
-        spark, bootstrap, app_or_topic,
-        starting=starting, ending=ending, registry_url=registry_url, **options,
-    )  # fmt: skip
+        spark,
+        bootstrap,
+        app_or_topic,
+        starting=starting,
+        ending=ending,
+        registry_url=registry_url,
+        **options,
+    )
     return action_states(journal)

@@ -56,9 +56,12 @@ class ActionStateWriter:
         while True:
             try:
                 self.producer.produce(
-                    self.topic, value=value, key=key, partition=partition,
+                    self.topic,
+                    value=value,
+                    key=key,
+                    partition=partition,
                     on_delivery=self._on_delivery,
-                )  # fmt: skip
+                )
                 break
             except BufferError:
                 self.producer.poll(0.1)

@@ -19,8 +19,11 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 def test_audit_counts_known_anomalies(spark, broker, topic_factory, worker_factory, tmp_path):
     env = SparkAppEnv.create(broker, topic_factory, tmp_path)
     env.send(
-        normal_inputs(6)
-        + [("f0", {"n": 100, "scenario": "fail"}), ("f1", {"n": 101, "scenario": "fail"})]
+        [
+            *normal_inputs(6),
+            ("f0", {"n": 100, "scenario": "fail"}),
+            ("f1", {"n": 101, "scenario": "fail"}),
+        ]
     )
     worker = worker_factory(APP_SPEC, env.env)
     outputs = env.outputs(8)

@@ -51,9 +51,13 @@ class SparkAppEnv:
         latch = tmp_path / "latch"
         latch.mkdir()
         made = cls(
-            broker.bootstrap, topic_factory("app"), topic_factory("in"), topic_factory("out"),
-            db_path, latch,
-        )  # fmt: skip
+            broker.bootstrap,
+            topic_factory("app"),
+            topic_factory("in"),
+            topic_factory("out"),
+            db_path,
+            latch,
+        )
         made.env = {
             "AS_APP_ID": made.app_id,
             "AS_INPUT": made.input,
@@ -98,9 +102,16 @@ def craft_anomalies(env: SparkAppEnv, now_ms: int) -> None:
 
     def call(ref: ActionRef, status: CallStatus, started: int, **kw) -> CallEntry:
         return CallEntry(
-            ref, 0, "tests.apps.spark_app.enrich", "d" * 16, status,
-            call_id=ref.call_id(app_id, 0), started_ms=started, worker_id="w-crafted", **kw,
-        )  # fmt: skip
+            ref,
+            0,
+            "tests.apps.spark_app.enrich",
+            "d" * 16,
+            status,
+            call_id=ref.call_id(app_id, 0),
+            started_ms=started,
+            worker_id="w-crafted",
+            **kw,
+        )
 
     entries = [
         call(stuck, CallStatus.PENDING, now_ms - 3_600_000),
@@ -111,7 +122,7 @@ def craft_anomalies(env: SparkAppEnv, now_ms: int) -> None:
             now_ms - 5_000,
             finished_ms=now_ms - 4_000,
             exception=ExceptionInfo("builtins.TimeoutError", "upstream timed out"),
-        ),  # fmt: skip
+        ),
         Truncation(failed, 0, "x.new", "e" * 16, "x.old", "f" * 16, dropped=2, at_ms=now_ms),
         ActionDone(failed, calls=1, finished_ms=now_ms),
         call(gone, CallStatus.SUCCEEDED, now_ms, result=b'"gone"'),

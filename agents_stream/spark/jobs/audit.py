@@ -42,9 +42,15 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 TABLES = (
-    "status_counts", "in_flight", "stuck", "failures", "truncations", "undecodable",
-    "missing_inputs", "duplicate_outputs",
-)  # fmt: skip
+    "status_counts",
+    "in_flight",
+    "stuck",
+    "failures",
+    "truncations",
+    "undecodable",
+    "missing_inputs",
+    "duplicate_outputs",
+)
 
 
 @dataclass
@@ -79,7 +85,7 @@ def journal_tables(journal: DataFrame, *, stuck_after_ms: int, now_ms: int) -> d
             "failed_calls",
             "succeeded_calls",
             F.size("calls").alias("calls"),
-        )  # fmt: skip
+        )
         .orderBy("partition", "seq", "action"),
         "stuck": calls.where(
             (F.col("status") == "PENDING") & (F.col("started_ms") < F.lit(now_ms - stuck_after_ms))
@@ -96,7 +102,7 @@ def journal_tables(journal: DataFrame, *, stuck_after_ms: int, now_ms: int) -> d
             ((F.lit(now_ms) - F.col("started_ms")) / 1000).alias("age_s"),
             "attempts",
             "worker_id",
-        )  # fmt: skip
+        )
         .orderBy("started_ms"),
         "failures": calls.where(F.col("status") == "FAILED")
         .groupBy("exception_type")
@@ -119,7 +125,7 @@ def journal_tables(journal: DataFrame, *, stuck_after_ms: int, now_ms: int) -> d
             "recorded_args_digest",
             "dropped",
             "at_ms",
-        ),  # fmt: skip
+        ),
         "undecodable": journal.where(F.col("kind") == "undecodable").select(
             "partition", "offset", "key", "seq", "action", "index", "error"
         ),
@@ -148,9 +154,13 @@ def missing_inputs(
         "left",
     ).where(F.col("all_done").isNull() | (F.col("all_done") == 0))
     out = joined.select(
-        "agent", "topic", "partition", "offset", "key",
+        "agent",
+        "topic",
+        "partition",
+        "offset",
+        "key",
         F.when(F.col("all_done").isNull(), "absent").otherwise("in_flight").alias("state"),
-    )  # fmt: skip
+    )
     if committed is None:
         return out.withColumn("committed", F.lit(None).cast("boolean"))
     return (
@@ -249,7 +259,7 @@ def _missing_inputs(spark: SparkSession, app: App, bootstrap: str, journal: Data
                 "partition",
                 "offset",
                 F.col("key").cast("string").alias("key"),
-            )  # fmt: skip
+            )
         )
         offsets = committed_offsets(bootstrap, app.id, binding.input, counts[binding.input])
         committed_rows += [(binding.name, p, o) for p, o in offsets.items()]
@@ -282,7 +292,7 @@ def _duplicate_outputs(
                 "topic",
                 F.col("key").cast("string").alias("key"),
                 F.col("value").cast("string").alias("value"),
-            )  # fmt: skip
+            )
         )
     if not frames:
         return spark.createDataFrame([], "agent string, topic string, key string, value string")
