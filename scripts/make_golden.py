@@ -23,6 +23,8 @@ from agents_stream.durable.journal import (
     MemorySnapshot,
     MemoryUpdate,
     SentEvent,
+    TimerEntry,
+    TimerUpdate,
     Truncation,
 )
 from agents_stream.serde.avro import AvroSerde
@@ -73,6 +75,27 @@ CASES: list[tuple[str, int, JournalEntry]] = [
             attempts=2,
             worker_id="worker-7",
         ),
+    ),
+    ("timer", 4, TimerEntry("user-1", "event", 1_700_000_060_000, "Scoring", partition=3)),
+    (
+        "action-done-timers",
+        4,
+        ActionDone(
+            REF,
+            (MemoryUpdate("score", b"0.5"),),
+            calls=1,
+            finished_ms=1_700_000_000_500,
+            timers=(
+                TimerUpdate("processing", 1_700_000_030_000),
+                TimerUpdate("event", 1_700_000_060_000, deleted=True),
+            ),
+            memory_version=7,
+        ),
+    ),
+    (
+        "memory-snapshot-versioned",
+        4,
+        MemorySnapshot("user-1", {"score": b"0.5"}, 42, 1, 3, version=7),
     ),
 ]
 

@@ -10,13 +10,27 @@ bytes written grow linearly with calls), one :class:`ActionDone` when the action
 finishes, one :class:`MemorySnapshot` per key after each completed action, and a
 :class:`Truncation` whenever a replay diverged. Entries are immutable values; the
 encoding lives behind :mod:`agents_stream.serde.journal`.
+
+Timers (schema v4): a registered timer is one live :class:`TimerEntry` per
+``(key, kind, ts, agent)``, written with the registering action's ActionDone and
+tombstoned once its firing completed. A firing runs like an input record whose sequence
+number is ``-(ts + 1)`` (never an input offset) and whose action ids carry the timer kind
+(``Agent.method#e0`` / ``#p0``).
+
+Key-state version: an action that changed memory or timers bumps the key's
+``MemorySnapshot.version`` and records it as ``ActionDone.memory_version``. The snapshot
+is appended *after* the ActionDone and the timer records, so a durable snapshot of that
+version proves every effect of the action is durable (per-partition order).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
+
+TimerKind = Literal["event", "processing"]
+TIMER_KINDS: tuple[TimerKind, ...] = ("event", "processing")
 
 
 class CallStatus(str, Enum):  # noqa: UP042 - str values are the wire format
@@ -87,6 +101,15 @@ class MemoryUpdate:
 
 
 @dataclass(frozen=True)
+class TimerUpdate:
+    """A timer an action registered (``deleted=False``) or deleted."""
+
+    kind: str  # TimerKind
+    ts: int  # epoch ms
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
 class ActionDone:
     """An action finished: what it changed, kept so recovery can apply it exactly once."""
 
@@ -97,6 +120,8 @@ class ActionDone:
     calls: int = 0
     finished_ms: int = 0
     emitted: bool = True  # outputs acknowledged by the output topic
+    timers: tuple[TimerUpdate, ...] = ()
+    memory_version: int = -1  # key-state version this action produced; -1: none / pre-v4
 
     @property
     def ordinal(self) -> int:
@@ -116,6 +141,36 @@ class MemorySnapshot:
     applied_seq: int = -1
     applied_ordinal: int = -1
     partition: int = 0
+    version: int = -1  # key-state version (see module docstring); -1 before v4
+
+
+@dataclass(frozen=True)
+class TimerEntry:
+    """A registered, not yet completed timer of ``key`` for the actions of ``agent``."""
+
+    key: str
+    kind: str  # TimerKind
+    ts: int  # epoch ms
+    agent: str = ""  # Agent class name whose TimerEvent actions fire
+    partition: int = 0
+
+    @property
+    def seq(self) -> int:
+        """The sequence number of this timer's firing: negative, never an input offset."""
+        return firing_seq(self.ts)
+
+    def owns(self, action: str) -> bool:
+        """Whether action id ``action`` belongs to this timer's firing."""
+        agent, _, rest = action.partition(".")
+        tag = rest.rpartition("#")[2]
+        return agent == self.agent and tag[:1] == self.kind[:1] and tag[1:].isdigit()
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """Store instruction (never encoded): delete the entry with compaction ``identity``."""
+
+    identity: tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -132,17 +187,32 @@ class Truncation:
     at_ms: int = 0
 
 
-JournalEntry = CallEntry | ActionDone | MemorySnapshot | Truncation
+JournalEntry = CallEntry | ActionDone | MemorySnapshot | Truncation | TimerEntry
+
+
+def firing_seq(ts: int) -> int:
+    """Sequence number of the firing of a timer at ``ts``: ``-(ts + 1)``."""
+    return -(ts + 1)
 
 
 def action_ordinal(action: str) -> int:
-    """The ordinal part of an action id ``Agent.method#3`` (0 when absent)."""
+    """The ordinal part of an action id ``Agent.method#3`` or ``#e3``/``#p3`` (timer
+    firings); 0 when absent."""
     _, _, ordinal = action.rpartition("#")
+    ordinal = ordinal.lstrip("ep")
     return int(ordinal) if ordinal.isdigit() else 0
 
 
-def entry_key(entry: JournalEntry) -> tuple[Any, ...]:
+def timer_identity(key: str, kind: str, ts: int, agent: str) -> tuple[Any, ...]:
+    return ("r", key, kind, ts, agent)
+
+
+def entry_key(entry: JournalEntry | Tombstone) -> tuple[Any, ...]:
     """The compaction identity of an entry (one live value per identity)."""
+    if isinstance(entry, Tombstone):
+        return entry.identity
+    if isinstance(entry, TimerEntry):
+        return timer_identity(entry.key, entry.kind, entry.ts, entry.agent)
     if isinstance(entry, CallEntry):
         return ("c", entry.ref.key, entry.ref.seq, entry.ref.action, entry.index)
     if isinstance(entry, ActionDone):

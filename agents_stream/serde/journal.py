@@ -8,7 +8,8 @@ is only parsed to say *which* slot a broken value belongs to.
 
 Reading is version-tolerant: a value written by any released schema version decodes to
 today's dataclasses. A call written before ``status`` existed (v1) is SUCCEEDED unless it
-carries an exception, the rule the seed's readers applied.
+carries an exception, the rule the seed's readers applied. Fields added in v4 (timers,
+key-state versions) read as their defaults from older writers: no timers, version -1.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from ..durable.journal import (
     MemorySnapshot,
     MemoryUpdate,
     SentEvent,
+    TimerEntry,
+    TimerUpdate,
     Truncation,
 )
 from ..errors import ConfigurationError
@@ -40,6 +43,7 @@ CALL = _NS + "CallResult"
 DONE = _NS + "ActionDone"
 SNAPSHOT = _NS + "MemorySnapshot"
 TRUNCATION = _NS + "Truncation"
+TIMER = _NS + "Timer"
 
 
 class JournalCodec:
@@ -143,6 +147,8 @@ def to_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:
             "calls": entry.calls,
             "finished_ms": entry.finished_ms,
             "emitted": entry.emitted,
+            "timers": [{"kind": t.kind, "ts": t.ts, "deleted": t.deleted} for t in entry.timers],
+            "memory_version": entry.memory_version,
         }
     if isinstance(entry, MemorySnapshot):
         return SNAPSHOT, {
@@ -151,6 +157,15 @@ def to_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:
             "applied_seq": entry.applied_seq,
             "applied_ordinal": entry.applied_ordinal,
             "partition": entry.partition,
+            "version": entry.version,
+        }
+    if isinstance(entry, TimerEntry):
+        return TIMER, {
+            "key": entry.key,
+            "partition": entry.partition,
+            "kind": entry.kind,
+            "ts": entry.ts,
+            "agent": entry.agent,
         }
     if isinstance(entry, Truncation):
         return TRUNCATION, {
@@ -196,6 +211,10 @@ def from_datum(name: str, d: dict[str, Any]) -> JournalEntry:
             calls=d["calls"],
             finished_ms=d["finished_ms"],
             emitted=d["emitted"],
+            timers=tuple(
+                TimerUpdate(t["kind"], t["ts"], t["deleted"]) for t in d.get("timers", ())
+            ),
+            memory_version=d.get("memory_version", -1),
         )
     if name == SNAPSHOT:
         return MemorySnapshot(
@@ -204,6 +223,11 @@ def from_datum(name: str, d: dict[str, Any]) -> JournalEntry:
             applied_seq=d["applied_seq"],
             applied_ordinal=d["applied_ordinal"],
             partition=d["partition"],
+            version=d.get("version", -1),
+        )
+    if name == TIMER:
+        return TimerEntry(
+            key=d["key"], kind=d["kind"], ts=d["ts"], agent=d["agent"], partition=d["partition"]
         )
     if name == TRUNCATION:
         return Truncation(

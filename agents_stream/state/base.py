@@ -12,7 +12,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from ..durable.journal import ActionDone, ActionRef, CallEntry, JournalEntry, MemorySnapshot
+from ..durable.journal import (
+    ActionDone,
+    ActionRef,
+    CallEntry,
+    JournalEntry,
+    MemorySnapshot,
+    TimerEntry,
+    Tombstone,
+    entry_key,
+)
 
 
 def completed_future() -> Future[None]:
@@ -64,8 +73,35 @@ class ActionStateStore(ABC):
         """Latest short-term memory snapshot of ``key``."""
 
     @abstractmethod
-    def append(self, entries: Sequence[JournalEntry], partition: int) -> Future[None]:
-        """Append entries in order; the future resolves once all are durable."""
+    def timer(self, probe: TimerEntry) -> TimerEntry | None:
+        """The live timer with ``probe``'s identity (key, kind, ts, agent), if registered
+        and not yet completed or deleted."""
+
+    @abstractmethod
+    def timers(self, partition: int) -> list[TimerEntry]:
+        """Every live timer of ``partition`` (loaded by hosts when they take it over)."""
+
+    @abstractmethod
+    def append(
+        self, entries: Sequence[JournalEntry | Tombstone], partition: int
+    ) -> Future[None]:
+        """Append entries (a :class:`Tombstone` deletes) in order; the future resolves
+        once all are durable. Order holds on the log: a durable entry implies every
+        earlier one of the same call is durable."""
+
+    @abstractmethod
+    def forget_firing(self, timer: TimerEntry) -> Future[None]:
+        """Tombstone the call, done and truncation entries of ``timer``'s firing."""
+
+    def finish_timer(self, timer: TimerEntry) -> Future[None]:
+        """A firing completed: tombstone the timer, *then* its firing's entries.
+
+        In this order a crash in between leaves only orphaned firing entries (cleared by
+        :meth:`forget_firing` when the same timer is registered again), never a live
+        timer whose completed actions are gone (which would re-run them).
+        """
+        first = self.append([Tombstone(entry_key(timer))], timer.partition)
+        return all_of([first, self.forget_firing(timer)])
 
     @abstractmethod
     def remove_calls(self, ref: ActionRef, from_index: int) -> Future[None]:

@@ -25,6 +25,8 @@ from ..durable.journal import (
     CallEntry,
     JournalEntry,
     MemorySnapshot,
+    TimerEntry,
+    Tombstone,
 )
 from ..kafka.producer import Ack, AckingProducer
 from ..serde.journal import JournalCodec
@@ -158,18 +160,48 @@ class KafkaActionStateStore(ActionStateStore):
         entry = self._decode(keys.memory_key(key), raw)
         return entry if isinstance(entry, MemorySnapshot) else None
 
+    def timer(self, probe: TimerEntry) -> TimerEntry | None:
+        raw_key = keys.timer_key(probe)
+        raw = self._cache(probe.partition).db.get(raw_key)
+        if raw is None:
+            return None
+        entry = self._decode(raw_key, raw)
+        return entry if isinstance(entry, TimerEntry) else None
+
+    def timers(self, partition: int) -> list[TimerEntry]:
+        out = []
+        for key, value in self._cache(partition).scan(keys.TIMERS_PREFIX):
+            entry = self._decode(key, value)
+            if isinstance(entry, TimerEntry):
+                out.append(entry)
+        return out
+
     # -- writes -------------------------------------------------------------------------
-    def append(self, entries: Sequence[JournalEntry], partition: int) -> Future[None]:
+    def append(
+        self, entries: Sequence[JournalEntry | Tombstone], partition: int
+    ) -> Future[None]:
         futures = [
             self._producer.send(
                 self.topic,
-                self._codec.encode(entry),
+                None if isinstance(entry, Tombstone) else self._codec.encode(entry),
                 key=keys.entry_key_bytes(entry),
                 partition=partition,
             )
             for entry in entries
         ]
         return all_of(futures)
+
+    def forget_firing(self, timer: TimerEntry) -> Future[None]:
+        cache = self._caches.get(timer.partition)
+        if cache is None:
+            return all_of([])
+        doomed = [
+            k
+            for p in keys.record_prefixes(timer.key, timer.seq)
+            for k, _ in cache.scan(p)
+            if timer.owns(keys.decode_identity(k)[3])
+        ]
+        return self._tombstone(doomed, timer.partition)
 
     def _tombstone(self, raw_keys: Sequence[bytes], partition: int) -> Future[None]:
         futures = [

@@ -7,7 +7,7 @@ value per key: a slot finalized in place (PENDING -> SUCCEEDED) simply overwrite
 
 from __future__ import annotations
 
-from ..durable.journal import ActionRef, JournalEntry, entry_key
+from ..durable.journal import ActionRef, JournalEntry, TimerEntry, Tombstone, entry_key
 
 SEP = "\x1f"
 
@@ -16,7 +16,7 @@ def encode_identity(identity: tuple[object, ...]) -> bytes:
     return SEP.join(str(part) for part in identity).encode()
 
 
-def entry_key_bytes(entry: JournalEntry) -> bytes:
+def entry_key_bytes(entry: JournalEntry | Tombstone) -> bytes:
     return encode_identity(entry_key(entry))
 
 
@@ -34,6 +34,13 @@ def done_key(ref: ActionRef) -> bytes:
 
 def memory_key(key: str) -> bytes:
     return encode_identity(("m", key))
+
+
+def timer_key(timer: TimerEntry) -> bytes:
+    return entry_key_bytes(timer)
+
+
+TIMERS_PREFIX = ("r" + SEP).encode()  # every TimerEntry of a partition
 
 
 def record_prefixes(key: str, seq: int) -> list[bytes]:

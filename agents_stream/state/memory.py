@@ -13,6 +13,8 @@ from ..durable.journal import (
     CallEntry,
     JournalEntry,
     MemorySnapshot,
+    TimerEntry,
+    Tombstone,
     entry_key,
 )
 from .base import ActionStateStore, completed_future
@@ -42,11 +44,42 @@ class InMemoryActionStateStore(ActionStateStore):
         entry = self._entries.get(("m", key))
         return entry if isinstance(entry, MemorySnapshot) else None
 
-    def append(self, entries: Sequence[JournalEntry], partition: int) -> Future[None]:
+    def timer(self, probe: TimerEntry) -> TimerEntry | None:
+        entry = self._entries.get(entry_key(probe))
+        return entry if isinstance(entry, TimerEntry) else None
+
+    def timers(self, partition: int) -> list[TimerEntry]:
+        with self._lock:
+            return [
+                e
+                for e in self._entries.values()
+                if isinstance(e, TimerEntry) and e.partition == partition
+            ]
+
+    def append(
+        self, entries: Sequence[JournalEntry | Tombstone], partition: int
+    ) -> Future[None]:
         with self._lock:
             for entry in entries:
+                if isinstance(entry, Tombstone):
+                    if self._entries.pop(entry.identity, None) is not None:
+                        self.log.append(("delete", entry.identity))
+                    continue
                 self._entries[entry_key(entry)] = entry
                 self.log.append(entry)
+        return completed_future()
+
+    def forget_firing(self, timer: TimerEntry) -> Future[None]:
+        with self._lock:
+            for k in [
+                k
+                for k, e in self._entries.items()
+                if k[0] in ("c", "a", "t")
+                and k[1:3] == (timer.key, timer.seq)
+                and timer.owns(str(k[3]))
+            ]:
+                del self._entries[k]
+                self.log.append(("delete", k))
         return completed_future()
 
     def remove_calls(self, ref: ActionRef, from_index: int) -> Future[None]:

@@ -17,6 +17,8 @@ from agents_stream.durable.journal import (
     CallStatus,
     ExceptionInfo,
     MemorySnapshot,
+    TimerEntry,
+    TimerUpdate,
     Truncation,
 )
 from agents_stream.serde import default_journal_codec
@@ -69,6 +71,7 @@ def test_v1_exception_record_reads_as_failed_and_result_as_succeeded():
 def test_pending_since_v2():
     assert decode("v2-call-pending.bin").status is CallStatus.PENDING
     assert decode("v3-call-pending.bin").status is CallStatus.PENDING
+    assert decode("v4-call-pending.bin").status is CallStatus.PENDING
 
 
 def test_v3_audit_fields():
@@ -88,7 +91,7 @@ def test_v3_audit_fields():
     )
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_other_entry_kinds(version):
     done = decode(f"v{version}-action-done.bin")
     assert isinstance(done, ActionDone) and done.ref == REF and done.calls == 2
@@ -98,3 +101,24 @@ def test_other_entry_kinds(version):
     assert snap == MemorySnapshot("user-1", {"score": b"0.5"}, 42, 1, 3)
     trunc = decode(f"v{version}-truncation.bin")
     assert trunc == Truncation(REF, 1, "scoring.b", "x", "scoring.a", "y", 2, 1_700_000_000_900)
+
+
+def test_v4_timers_and_key_state_versions():
+    assert decode("v4-timer.bin") == TimerEntry(
+        "user-1", "event", 1_700_000_060_000, "Scoring", partition=3
+    )
+    done = decode("v4-action-done-timers.bin")
+    assert done.timers == (
+        TimerUpdate("processing", 1_700_000_030_000),
+        TimerUpdate("event", 1_700_000_060_000, deleted=True),
+    )
+    assert done.memory_version == 7
+    snap = decode("v4-memory-snapshot-versioned.bin")
+    assert snap == MemorySnapshot("user-1", {"score": b"0.5"}, 42, 1, 3, version=7)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_pre_v4_records_have_no_timers_or_versions(version):
+    done = decode(f"v{version}-action-done.bin")
+    assert done.timers == () and done.memory_version == -1
+    assert decode(f"v{version}-memory-snapshot.bin").version == -1
