@@ -1,0 +1,188 @@
+"""``spark backfill``: run an agent over a range of its input topic on Spark executors.
+
+Durable semantics are the worker's (see :mod:`.backfill_task`): each task owns one Kafka
+partition, builds an in-memory ActionState store from a snapshot of that partition of
+the ActionState topic (read once, compaction applied), skips completed actions, replays
+journaled calls and executes the rest, in offset order.
+
+Steps:
+
+1. Plan and read the input range (``agents_stream.kafka`` source).
+2. Read the ActionState snapshot (skipped when the topic does not exist yet or
+   ``use_journal=False``).
+3. Co-group both by partition and run :func:`.backfill_task.run_partition` per
+   partition (``cogroup().applyInPandas``); the per-record results are cached.
+4. Write every output (replayed and new, in input order per partition) to Parquet
+   (``key, value, partition, input_offset, output_index``) and/or to an output topic
+   (keyed like the worker's output, so the same partitioner places it).
+
+Guarantees and limits: outputs are those the worker would produce for the same inputs
+and the same journal. Functions run on executors, so side effects happen there; with
+``write_journal`` the new journal entries are appended to the ActionState topic after
+each partition finishes, so a Spark task retry (or a later worker) re-executes only
+calls whose task died before that write. Never run a backfill with ``write_journal``
+while workers own the same partitions: both would journal the same slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import functions as F
+
+from ...app import App
+from ...errors import ConfigurationError
+from ...kafka.config import producer_config
+from ..action_state import compact
+from ..kafka_source import read_kafka
+from .backfill_task import RESULT_DDL, BackfillTask, InputRecord, produce_outputs, run_partition
+from .common import log, partition_counts, step
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
+
+    from ..options import OffsetSpec
+
+
+@dataclass
+class BackfillResult:
+    """Totals of a backfill and the per-record results (a cached DataFrame)."""
+
+    summary: dict[str, Any]
+    records: DataFrame
+    outputs: DataFrame
+    written: list[str] = field(default_factory=list)
+
+
+def pick_binding(app: App, agent: str | None) -> int:
+    """Index of the binding of agent class ``agent`` (or the app's only agent)."""
+    if agent is None:
+        if len(app.agents) != 1:
+            names = [b.name for b in app.agents]
+            raise ConfigurationError(f"app {app.id!r} has agents {names}: pass --agent")
+        return 0
+    for i, binding in enumerate(app.agents):
+        if binding.name == agent:
+            return i
+    raise ConfigurationError(f"app {app.id!r} has no agent named {agent!r}")
+
+
+def run_backfill(
+    spark: SparkSession,
+    app: App,
+    bootstrap: str,
+    *,
+    agent: str | None = None,
+    starting: str | OffsetSpec = "earliest",
+    ending: str | OffsetSpec = "latest",
+    output_path: str | Path | None = None,
+    output_topic: str | None = None,
+    app_id: str | None = None,
+    use_journal: bool = True,
+    write_journal: bool = False,
+) -> BackfillResult:
+    """Backfills ``agent`` over its input topic range (steps in the module docstring).
+
+    Args:
+        spark: the session.
+        app: the app (pickled to executors; they import the agent's module).
+        bootstrap: bootstrap servers.
+        agent: agent class name; required when the app has several.
+        starting, ending: the input range, as for :func:`~agents_stream.spark.read_kafka`.
+        output_path: write outputs as Parquet there.
+        output_topic: produce outputs to this topic (default partitioner on the key, as
+            the worker does).
+        app_id: journal under another app id (a separate ActionState topic and call ids),
+            e.g. to re-run history without touching production's journal.
+        use_journal: start from the ActionState snapshot; ``False`` executes everything.
+        write_journal: append new journal entries to the ActionState topic.
+    """
+    index = pick_binding(app, agent)
+    binding = app.agents[index]
+    app_id = app_id or app.id
+    state_topic = f"{app_id}-action-state"
+    task = BackfillTask(app, index, app_id, state_topic, bootstrap, write_journal)
+    inputs = read_kafka(
+        spark, bootstrap, binding.input, starting, ending, includeHeaders="false"
+    ).select(
+        "partition",
+        "offset",
+        F.col("key").cast("string").alias("key"),
+        "value",
+        F.unix_millis("timestamp").alias("timestamp_ms"),
+    )
+    state = _snapshot(spark, bootstrap, state_topic, use_journal)
+
+    def run(pdf_in: pd.DataFrame, pdf_state: pd.DataFrame) -> pd.DataFrame:
+        import pandas as pd
+
+        if pdf_in.empty:
+            return pd.DataFrame(columns=[c.split()[0] for c in RESULT_DDL.split(", ")])
+        partition = int(pdf_in["partition"].iloc[0])
+        records = [
+            InputRecord(partition, int(o), k or "", v, None if t is None else int(t))
+            for o, k, v, t in zip(
+                pdf_in["offset"], pdf_in["key"], pdf_in["value"], pdf_in["timestamp_ms"],
+                strict=True,
+            )
+        ]  # fmt: skip
+        snapshot = list(zip(pdf_state["key"], pdf_state["value"], strict=True))
+        return pd.DataFrame(run_partition(task, partition, records, snapshot))
+
+    with step(spark, "backfill", f"run {binding.name} over {binding.input}"):
+        results = (
+            inputs.groupBy("partition")
+            .cogroup(state.groupBy("partition"))
+            .applyInPandas(run, RESULT_DDL)
+        ).cache()
+        totals = results.agg(
+            F.count("*").alias("records"),
+            F.sum(F.size("outputs")).alias("outputs"),
+            F.sum("actions_run").alias("actions_run"),
+            F.sum("actions_skipped").alias("actions_skipped"),
+            F.sum("calls_executed").alias("calls_executed"),
+            F.sum("calls_replayed").alias("calls_replayed"),
+            F.count("error").alias("errors"),
+        ).collect()[0]
+    summary = {k: int(v or 0) for k, v in totals.asDict().items()}
+    summary.update(agent=binding.name, input=binding.input, app_id=app_id)
+    log.info("backfill: %s", summary)
+    outputs = results.select(
+        "key", "partition", "input_offset", F.posexplode("outputs").alias("output_index", "value")
+    )
+    result = BackfillResult(summary, results, outputs)
+    if output_path is not None:
+        with step(spark, "backfill", f"write outputs to {output_path}"):
+            outputs.write.mode("overwrite").parquet(str(output_path))
+            result.written.append(str(output_path))
+    if output_topic is not None:
+        with step(spark, "backfill", f"produce outputs to {output_topic}"):
+            _produce(outputs, bootstrap, output_topic)
+            result.written.append(output_topic)
+    return result
+
+
+def _snapshot(spark: SparkSession, bootstrap: str, topic: str, use_journal: bool) -> DataFrame:
+    empty = spark.createDataFrame([], "partition int, key binary, value binary")
+    if not use_journal:
+        return empty
+    if topic not in partition_counts(bootstrap, [topic]):
+        log.info("backfill: %s does not exist; starting from an empty journal", topic)
+        return empty
+    raw = read_kafka(spark, bootstrap, topic, includeHeaders="false")
+    return compact(raw).select("partition", "key", "value")
+
+
+def _produce(outputs: DataFrame, bootstrap: str, topic: str) -> None:
+    conf = producer_config(bootstrap)
+
+    def send(rows: Any) -> None:
+        produce_outputs(conf, topic, ((r["key"], r["value"]) for r in rows))
+
+    # One task per input partition, in input order: per-key output order is kept.
+    outputs.repartition("partition").sortWithinPartitions(
+        "partition", "input_offset", "output_index"
+    ).foreachPartition(send)
