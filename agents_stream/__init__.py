@@ -17,8 +17,9 @@ from .durable import (
     RetryPolicy,
     RunnerContext,
 )
+from .durable.timers import Timers
 from .errors import AgentsStreamError, ConfigurationError
-from .events import Event, InputEvent, OutputEvent
+from .events import Event, InputEvent, OutputEvent, TimerEvent
 
 __all__ = [
     "Agent",
@@ -37,6 +38,8 @@ __all__ = [
     "PickleCodec",
     "RetryPolicy",
     "RunnerContext",
+    "TimerEvent",
+    "Timers",
     "action",
 ]
 

@@ -76,4 +76,21 @@ class OutputEvent(Event):
     output: Any = None
 
 
+@dataclass
+class TimerEvent(Event):
+    """A timer registered with ``ctx.timers`` fired for ``key``.
+
+    ``kind`` is ``"event"`` (fired once the input's watermark passed ``timestamp``) or
+    ``"processing"`` (fired once the worker's wall clock passed it); ``timestamp`` is the
+    registered time in epoch milliseconds. Actions triggered by it run in the key's place
+    in line (never concurrently with the key's records), exactly once to completion, and
+    their code blocks replay after a crash like those of an input record.
+    """
+
+    event_name: ClassVar[str] = "TimerEvent"
+    kind: str = "processing"
+    timestamp: int = 0
+    key: str = ""
+
+
 Event.event_name = "Event"

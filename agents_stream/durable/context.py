@@ -40,6 +40,7 @@ from .identity import args_digest, function_id, wants_call_id
 from .journal import ActionRef, CallEntry, CallStatus, ExceptionInfo, Truncation
 from .memory import ShortTermMemory
 from .payload import PayloadCodec
+from .timers import Timers
 
 log = logging.getLogger("agents_stream.durable")
 
@@ -108,7 +109,7 @@ class RunnerContext:
     """Passed to every action as ``ctx``.
 
     ``execute``/``execute_async`` are durable code blocks (see module docstring);
-    ``short_term_memory`` and ``send_event`` must not be used inside them.
+    ``short_term_memory``, ``timers`` and ``send_event`` must not be used inside them.
     """
 
     def __init__(
@@ -117,6 +118,8 @@ class RunnerContext:
         store: ActionStateStore,
         config: ContextConfig,
         memory_base: dict[str, bytes],
+        *,
+        firing: tuple[str, int] | None = None,
     ) -> None:
         self.ref = ref
         self.key = ref.key
@@ -126,6 +129,7 @@ class RunnerContext:
         self._next_index = 0
         self._lock = threading.Lock()
         self.short_term_memory = ShortTermMemory(memory_base, self._guard)
+        self.timers = Timers(self._guard, firing)
         self.sent_events: list[Event] = []
         self.outputs: list[Any] = []
         self.replayed_calls = 0
@@ -144,9 +148,9 @@ class RunnerContext:
     def _guard(self, what: str) -> None:
         if _IN_CODE_BLOCK.get():
             raise CodeBlockViolation(
-                f"{what} called inside a code block of {self.ref.action}: memory and events "
-                "are journaled with the action, not the call; return a value from the code "
-                "block and use it in the action body"
+                f"{what} called inside a code block of {self.ref.action}: memory, timers and "
+                "events are journaled with the action, not the call; return a value from the "
+                "code block and use it in the action body"
             )
 
     # -- durable calls --------------------------------------------------------------

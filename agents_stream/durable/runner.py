@@ -16,6 +16,18 @@ giving it a store and an :class:`OutputSink`. For each input record:
 
 The record is finished when every action is done and every output acked; only then may
 the host commit the input offset.
+
+Timer firings (:meth:`ActionRunner.run_timer`) run the same way, starting from a
+``TimerEvent``, as a pseudo-record with ``seq = -(ts + 1)`` and action ids
+``Agent.method#e0`` / ``#p0``; once every action of the firing is done the timer is
+tombstoned, then the firing's own entries. A firing interrupted by a crash runs again
+(its timer is still live) with its journaled calls replayed.
+
+Key-state effects of an action (memory updates, timer registrations/deletions) are
+appended after its ActionDone and before the key's new MemorySnapshot, whose ``version``
+the ActionDone records: the snapshot being at that version proves every effect is
+durable, so recovery re-applies memory and timers of a completed action exactly when the
+snapshot predates it.
 """
 
 from __future__ import annotations
@@ -24,16 +36,26 @@ import asyncio
 import contextvars
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..agent import ActionSpec, Agent
-from ..events import Event, EventError, InputEvent
-from ..state.base import ActionStateStore
+from ..events import Event, EventError, InputEvent, TimerEvent
+from ..state.base import ActionStateStore, all_of
 from .context import ContextConfig, RunnerContext
-from .journal import ActionDone, ActionRef, MemorySnapshot, MemoryUpdate, SentEvent
+from .journal import (
+    ActionDone,
+    ActionRef,
+    JournalEntry,
+    MemorySnapshot,
+    MemoryUpdate,
+    SentEvent,
+    TimerEntry,
+    Tombstone,
+    entry_key,
+)
 from .memory import apply_updates
 
 
@@ -67,26 +89,42 @@ class RecordOutcome:
     calls_executed: int = 0
     calls_replayed: int = 0
     outputs: list[Any] = field(default_factory=list)
+    timer_fired: bool = False  # run_timer only: False when the timer was not live
+
+
+TimersHook = Callable[[list[TimerEntry]], None]
 
 
 class ActionRunner:
+    """Runs records (and timer firings) of one agent against a store.
+
+    Args:
+        on_timers: called with the timers an action registered, once they are durable
+            (also when recovery re-writes them); hosts schedule their firing from it.
+    """
+
     def __init__(
         self,
         agent: type[Agent],
         store: ActionStateStore,
         config: ContextConfig,
         sink: OutputSink | None = None,
+        *,
+        on_timers: TimersHook | None = None,
     ) -> None:
         self.agent = agent
+        self.name = agent.__name__  # owner of the timers this agent registers
         self.store = store
         self.config = config
         self.sink = sink or NullSink()
+        self.on_timers = on_timers
         self._actions = agent.actions()
 
     def _listeners(self, event: Event) -> list[ActionSpec]:
         return [a for a in self._actions if isinstance(event, a.listens)]
 
     async def run(self, record: RecordInput) -> RecordOutcome:
+        """Run every action of ``record`` (breadth first) to completion."""
         outcome = RecordOutcome()
         first = InputEvent(
             input=record.value,
@@ -96,29 +134,65 @@ class ActionRunner:
             timestamp=record.timestamp,
             headers=record.headers,
         )
+        await self._process(record.key, record.seq, record.partition, first, "", None, outcome)
+        return outcome
+
+    async def run_timer(self, key: str, partition: int, kind: str, ts: int) -> RecordOutcome:
+        """Fire timer ``(key, kind, ts)`` of this agent, if it is still registered.
+
+        Steps: (1) skip when the store holds no live timer (deleted, or already fired);
+        (2) run the actions listening for ``TimerEvent`` like a record with
+        ``seq = -(ts + 1)``; (3) tombstone the timer, then the firing's entries, and wait
+        for the acks. A crash before (3) fires it again; completed actions are skipped
+        and journaled calls replayed.
+        """
+        outcome = RecordOutcome()
+        timer = TimerEntry(key, kind, ts, self.name, partition)
+        if self.store.timer(timer) is None:
+            return outcome
+        first = TimerEvent(kind=kind, timestamp=ts, key=key)
+        await self._process(key, timer.seq, partition, first, kind[:1], (kind, ts), outcome)
+        await asyncio.wrap_future(self.store.finish_timer(timer))
+        outcome.timer_fired = True
+        return outcome
+
+    async def _process(
+        self,
+        key: str,
+        seq: int,
+        partition: int,
+        first: Event,
+        tag: str,
+        firing: tuple[str, int] | None,
+        outcome: RecordOutcome,
+    ) -> None:
         queue: deque[Event] = deque([first])
         ordinal = 0
         while queue:
             event = queue.popleft()
             for spec in self._listeners(event):
-                ref = ActionRef(record.key, record.seq, f"{spec.name}#{ordinal}", record.partition)
+                ref = ActionRef(key, seq, f"{spec.name}#{tag}{ordinal}", partition)
                 ordinal += 1
                 done = self.store.done(ref)
                 if done is None:
-                    done = await self._run_action(spec, event, ref, outcome)
+                    done = await self._run_action(spec, event, ref, outcome, firing)
                 else:
                     outcome.actions_skipped += 1
-                    self._apply_memory_once(done)
+                    await self._apply_effects_once(done)
                 await self._emit_once(done, outcome)
                 queue.extend(self._rebuild_events(done))
-        return outcome
 
     async def _run_action(
-        self, spec: ActionSpec, event: Event, ref: ActionRef, outcome: RecordOutcome
+        self,
+        spec: ActionSpec,
+        event: Event,
+        ref: ActionRef,
+        outcome: RecordOutcome,
+        firing: tuple[str, int] | None,
     ) -> ActionDone:
         snapshot = self.store.memory(ref.key, ref.partition)
         base = dict(snapshot.values) if snapshot else {}
-        ctx = RunnerContext(ref, self.store, self.config, base)
+        ctx = RunnerContext(ref, self.store, self.config, base, firing=firing)
         if spec.is_async:
             await spec.fn(event, ctx)
         else:
@@ -131,22 +205,62 @@ class ActionRunner:
         outcome.actions_run += 1
         outcome.calls_executed += ctx.executed_calls
         outcome.calls_replayed += ctx.replayed_calls
+        memory_updates = tuple(
+            MemoryUpdate(n, v) for n, v in ctx.short_term_memory.updates.items()
+        )
+        timers = ctx.timers.updates
+        changed = bool(memory_updates or timers)
         done = ActionDone(
             ref=ref,
-            memory_updates=tuple(
-                MemoryUpdate(n, v) for n, v in ctx.short_term_memory.updates.items()
-            ),
+            memory_updates=memory_updates,
             outputs=tuple(self.config.codec.encode(v) for v in ctx.outputs),
             events=tuple(SentEvent(e.event_name, e.to_payload()) for e in ctx.sent_events),
             calls=ctx._next_index,
             finished_ms=int(time.time() * 1000),
             emitted=not ctx.outputs,
+            timers=timers,
+            memory_version=_version(snapshot) + 1 if changed else -1,
         )
-        entries: list[Any] = [done]
-        if done.memory_updates:
-            entries.append(self._next_snapshot(done, base))
-        await asyncio.wrap_future(self.store.append(entries, ref.partition))
+        if not changed:
+            await asyncio.wrap_future(self.store.append([done], ref.partition))
+            return done
+        await self._write_effects(done, base, first=[done])
         return done
+
+    async def _write_effects(
+        self, done: ActionDone, base: dict[str, bytes], *, first: list[JournalEntry]
+    ) -> None:
+        """Append ``first``, the timer writes, then the snapshot (in this order), await
+        the acks, and report new registrations to the host."""
+        writes, cleanups, registered = self._timer_writes(done)
+        snapshot = self._next_snapshot(done, base)
+        appended = self.store.append([*first, *writes, snapshot], done.ref.partition)
+        await asyncio.wrap_future(all_of([*cleanups, appended]))
+        if registered and self.on_timers is not None:
+            self.on_timers(registered)
+
+    def _timer_writes(
+        self, done: ActionDone
+    ) -> tuple[list[TimerEntry | Tombstone], list[Future[None]], list[TimerEntry]]:
+        """Timer records of ``done``. A timer registered while not live, or deleted, has
+        any entries of an earlier (orphaned) firing tombstoned first, so that its next
+        firing cannot meet a stale ActionDone."""
+        writes: list[TimerEntry | Tombstone] = []
+        cleanups: list[Future[None]] = []
+        registered: list[TimerEntry] = []
+        for update in done.timers:
+            timer = TimerEntry(done.ref.key, update.kind, update.ts, self.name, done.ref.partition)
+            live = self.store.timer(timer) is not None
+            if update.deleted:
+                if live:
+                    writes.append(Tombstone(entry_key(timer)))
+                cleanups.append(self.store.forget_firing(timer))
+            else:
+                if not live:
+                    cleanups.append(self.store.forget_firing(timer))
+                    writes.append(timer)
+                registered.append(timer)
+        return writes, cleanups, registered
 
     def _next_snapshot(self, done: ActionDone, base: dict[str, bytes]) -> MemorySnapshot:
         updates = {u.name: u.value for u in done.memory_updates}
@@ -156,19 +270,21 @@ class ActionRunner:
             applied_seq=done.ref.seq,
             applied_ordinal=done.ordinal,
             partition=done.ref.partition,
+            version=done.memory_version,
         )
 
-    def _apply_memory_once(self, done: ActionDone) -> None:
-        if not done.memory_updates:
+    async def _apply_effects_once(self, done: ActionDone) -> None:
+        """Recovery of a completed action: re-write its memory and timer effects unless
+        the key's snapshot shows they are durable."""
+        if not done.memory_updates and not done.timers:
             return
         snapshot = self.store.memory(done.ref.key, done.ref.partition)
-        if snapshot is not None and (snapshot.applied_seq, snapshot.applied_ordinal) >= (
-            done.ref.seq,
-            done.ordinal,
-        ):
+        if _applied(snapshot, done):
             return
+        if done.memory_version < 0:  # written before v4: version it now
+            done = replace(done, memory_version=_version(snapshot) + 1)
         base = dict(snapshot.values) if snapshot else {}
-        self.store.append([self._next_snapshot(done, base)], done.ref.partition).result()
+        await self._write_effects(done, base, first=[])
 
     async def _emit_once(self, done: ActionDone, outcome: RecordOutcome) -> None:
         values = [self.config.codec.decode(v) for v in done.outputs]
@@ -190,3 +306,21 @@ class ActionRunner:
                 )
             events.append(cls.from_payload(sent.payload))
         return events
+
+
+def _version(snapshot: MemorySnapshot | None) -> int:
+    return snapshot.version if snapshot is not None else -1
+
+
+def _applied(snapshot: MemorySnapshot | None, done: ActionDone) -> bool:
+    """Whether ``snapshot`` already includes the effects of ``done``.
+
+    Versioned records (v4+) compare key-state versions, which stay ordered when timer
+    firings (negative seq) interleave with input records; older ones fall back to the
+    (seq, ordinal) order of input records.
+    """
+    if snapshot is None:
+        return False
+    if snapshot.version >= 0 and done.memory_version >= 0:
+        return snapshot.version >= done.memory_version
+    return (snapshot.applied_seq, snapshot.applied_ordinal) >= (done.ref.seq, done.ordinal)
