@@ -16,6 +16,12 @@ their in-flight records up to ``shutdown_timeout`` (abandon the rest: they were 
 committed, and replay from the journal on the next owner), commit, close their caches.
 On assign: catch up each partition's RocksDB cache from the ActionState topic before any
 record of it is processed.
+
+Timers (see ``timers.py``): on assign a partition's live timers are loaded held; the
+partition is armed once the consumer reached the input end offset seen at assign (or a
+partition EOF). Event-time timers fire when a watermark of their agent's input is
+processed (``_watermark_done``), processing-time timers from a ticker task; a firing is
+submitted to the controller under its key, like a record, but never touches offsets.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Messa
 from ..app import AgentBinding, App
 from ..durable.context import ContextConfig
 from ..durable.errors import JournalDecodeError, NonDeterminismError
+from ..durable.journal import TimerEntry
 from ..durable.runner import ActionRunner, RecordInput
 from ..errors import ConfigurationError, KafkaIOError
 from ..kafka.admin import TopicAdmin, TopicSpec, compacted
@@ -50,11 +57,13 @@ from .controller import ExecutionController
 from .dlq import DeadLetters
 from .offsets import OffsetTracker
 from .sink import KafkaOutputSink
+from .timers import TimerService
 from .watermarks import WatermarkGenerator
 
 log = logging.getLogger("agents_stream.worker")
 
 FATAL = (JournalDecodeError, NonDeterminismError)
+TIMER_TICK = 0.05  # seconds between processing-time timer checks
 
 
 class Worker:
@@ -96,6 +105,9 @@ class Worker:
         self._finished: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
         self._paused = False
         self.stats: dict[str, int] = defaultdict(int)
+        self.timers = TimerService()
+        self._timer_topics: dict[str, str] = {}  # agent name -> its input topic
+        self._arm_at: dict[tuple[str, int], int] = {}  # held partition -> input end offset
 
     # -- public -------------------------------------------------------------------------
     def run(self) -> int:
@@ -157,7 +169,17 @@ class Worker:
                 )
                 sink = KafkaOutputSink(self.producer, binding.output, out_codec)
             assert self.store is not None
-            runner = ActionRunner(binding.agent, self.store, ctx_config, sink)
+            runner = ActionRunner(
+                binding.agent, self.store, ctx_config, sink, on_timers=self.timers.add
+            )
+            if binding.name in self._timer_topics:
+                log.warning(
+                    "agent %s is bound to several inputs; its timers fire for %s only",
+                    binding.name,
+                    self._timer_topics[binding.name],
+                )
+            else:
+                self._timer_topics[binding.name] = binding.input
             in_codec = value_codec(
                 binding.input_schema,
                 registry_url=app.schema_registry_url,
@@ -168,6 +190,7 @@ class Worker:
             aio.input: AsyncIOHost(aio, self.producer, self.dlq) for aio in app.async_ios
         }
         conf = consumer_config(self.broker, app.id, app.consumer_config)
+        conf["enable.partition.eof"] = True  # arms held timers of caught-up partitions
         self.consumer = Consumer(conf)
         self.consumer.subscribe(inputs, on_assign=self._on_assign, on_revoke=self._on_revoke)
 
@@ -189,10 +212,12 @@ class Worker:
             ", ".join(self.app.input_topics),
         )
         committer = asyncio.create_task(self._commit_loop())
+        ticker = asyncio.create_task(self._timer_loop())
         try:
             await self._consume_loop()
         finally:
             committer.cancel()
+            ticker.cancel()
             await self._shutdown()
 
     async def _on_kafka(self, fn: Any, *args: Any) -> Any:
@@ -219,7 +244,9 @@ class Worker:
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        self._arm((msg.topic(), msg.partition()))
+                    else:
                         log.warning("consumer error: %s", err)
                     continue
                 self._dispatch(msg)
@@ -240,6 +267,9 @@ class Worker:
         key = raw_key.decode("utf-8", "backslashreplace") if raw_key is not None else ""
         tracker = self.offsets.get(topic, partition)
         tracker.start(offset)
+        arm_at = self._arm_at.get((topic, partition))
+        if arm_at is not None and offset + 1 >= arm_at:
+            self._arm((topic, partition))
 
         def done(ok: bool) -> None:
             if ok:
@@ -320,9 +350,88 @@ class Worker:
         self.stats["actions_skipped"] += outcome.actions_skipped
 
     def _watermark_done(self, topic: str, watermark: int) -> None:
-        """Every record before this watermark has finished: event time has advanced."""
+        """Every record before this watermark has finished: event time has advanced, and
+        the event-time timers of the topic's agent up to it fire."""
         self.event_time[topic] = watermark
         self.stats["watermarks"] += 1
+        binding = self._agents[topic][0]
+        for timer in self.timers.due_event(binding.name, watermark):
+            self._fire(topic, timer)
+
+    # -- timers ---------------------------------------------------------------------------
+    async def _timer_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TIMER_TICK)
+            for timer in self.timers.due_processing(int(time.time() * 1000)):
+                topic = self._timer_topics.get(timer.agent)
+                if topic is not None:
+                    self._fire(topic, timer)
+
+    def _fire(self, topic: str, timer: TimerEntry) -> None:
+        """Submit a firing in the key's place in line; it does not touch offsets."""
+        if (topic, timer.partition) not in self._owned:
+            return
+        work = lambda: self._run_timer(topic, timer)  # noqa: E731
+        self.controller.submit(timer.key, (topic, timer.partition), work, _ignore)
+
+    async def _run_timer(self, topic: str, timer: TimerEntry) -> None:
+        binding, runner, _ = self._agents[topic]
+        try:
+            outcome = await runner.run_timer(timer.key, timer.partition, timer.kind, timer.ts)
+        except asyncio.CancelledError:
+            raise
+        except FATAL as exc:
+            log.critical("%s; stopping the worker", exc)
+            self._fail(exc)
+            raise
+        except Exception as exc:
+            log.error(
+                "timer action of %s raised on %s timer %d of key=%r: %r",
+                binding.name,
+                timer.kind,
+                timer.ts,
+                timer.key,
+                exc,
+                exc_info=exc,
+            )
+            if self.app.on_error == "fail":
+                self._fail(exc)
+                raise
+            # Like a record sent to the DLQ: the timer is dropped, not retried forever.
+            self.stats["timer_errors"] += 1
+            assert self.store is not None
+            await asyncio.wrap_future(self.store.finish_timer(timer))
+            return
+        if outcome.timer_fired:
+            self.stats["timers_fired"] += 1
+        self.stats["calls_executed"] += outcome.calls_executed
+        self.stats["calls_replayed"] += outcome.calls_replayed
+
+    def _load_timers(
+        self, topic: str, partition: int, timers: list[TimerEntry], arm_at: int | None
+    ) -> None:
+        name = self._agents[topic][0].name
+        self.timers.load(name, partition, timers, armed=arm_at is None)
+        if arm_at is not None:
+            self._arm_at[(topic, partition)] = arm_at
+
+    def _arm(self, tp: tuple[str, int]) -> None:
+        self._arm_at.pop(tp, None)
+        if tp[0] in self._agents and self.timers.arm(self._agents[tp[0]][0].name, tp[1]):
+            log.info("timers of %s[%d] armed (uncommitted input re-consumed)", *tp)
+
+    def _input_end(self, consumer: Consumer, tp: TopicPartition) -> int | None:
+        """Where held timers of ``tp`` arm: its end offset, if input remains to consume."""
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=5.0, cached=False
+            )
+            [committed] = consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=5.0)
+        except Exception as exc:  # the partition EOF still arms it
+            log.warning("no end offset for %s[%d] (%s): timers wait for EOF", tp.topic, tp.partition, exc)
+            return 1 << 62
+        start = committed.offset if committed.offset >= 0 else low
+        return high if start < high else None
 
     def _fail(self, exc: BaseException) -> None:
         self.exit_code = 1
@@ -378,6 +487,14 @@ class Worker:
                 if self._state_refs[tp.partition] == 0:
                     replayed += self.store.assign(tp.partition)
                 self._state_refs[tp.partition] += 1
+                name = self._agents[tp.topic][0].name
+                timers = [t for t in self.store.timers(tp.partition) if t.agent == name]
+                arm_at = self._input_end(consumer, tp)
+                assert self._loop is not None
+                # Runs on the loop before any record fetched by this consume call.
+                self._loop.call_soon_threadsafe(
+                    self._load_timers, tp.topic, tp.partition, timers, arm_at
+                )
             self._owned.add((tp.topic, tp.partition))
         if self._paused:
             consumer.pause(partitions)
@@ -403,6 +520,10 @@ class Worker:
         for topic, partition in revoked:
             if topic in self._watermarks:
                 self._loop.call_soon_threadsafe(self._watermarks[topic].forget, partition)
+            if topic in self._agents:
+                name = self._agents[topic][0].name
+                self._loop.call_soon_threadsafe(self.timers.drop, name, partition)
+                self._loop.call_soon_threadsafe(self._arm_at.pop, (topic, partition), None)
             host = self._async_ios.get(topic)
             if host is not None:  # a revoked partition must not hold back the watermark
                 self._loop.call_soon_threadsafe(host.forget_partitions, [partition])
@@ -441,6 +562,10 @@ class Worker:
             abandoned,
             ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items())) or "no records",
         )
+
+
+def _ignore(ok: bool) -> None:
+    """A timer firing's end: nothing to commit (the timer tombstone is its commit)."""
 
 
 def _fmt(partitions: list[TopicPartition]) -> str:

@@ -1,0 +1,98 @@
+"""TimerService: when the live timers of the owned partitions are due.
+
+The journal (ActionState topic) is the source of truth; this is the worker's in-memory
+schedule of it, one event-time and one processing-time heap per (agent, partition):
+
+1. On assign, a partition's live timers are loaded from its cache (``store.timers``),
+   *held*: none fires until the partition is armed, i.e. the consumer re-consumed the
+   input that was not committed before the takeover. A firing therefore never overtakes
+   a record of its key that completed (partially) before a crash, which keeps the
+   key-state versions of the runner meaningful.
+2. Registrations are added once their ActionDone is acknowledged (runner hook).
+3. ``due_event(agent, watermark)`` / ``due_processing(now)`` pop what is due on armed
+   partitions; the host submits each as a firing in its key's place in line. Popped
+   timers stay in the journal until their firing completes, so a firing that is
+   abandoned (revoke, crash) is loaded again by the next owner.
+4. On revoke, the partition's schedule is dropped; the timers stay in the topic.
+
+Deleted timers are not removed from the heaps: a firing re-checks the journal and is a
+no-op for a timer that is no longer live.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from ..durable.journal import TimerEntry
+
+_Slot = tuple[str, int]  # (agent, partition)
+
+
+class TimerService:
+    def __init__(self) -> None:
+        self._heaps: dict[tuple[str, int, str], list[tuple[int, str]]] = {}
+        self._scheduled: set[tuple[str, int, str, int, str]] = set()
+        self._armed: set[_Slot] = set()
+        self._loaded: set[_Slot] = set()
+
+    def load(self, agent: str, partition: int, timers: Iterable[TimerEntry], *, armed: bool) -> None:
+        """Take over ``partition`` for ``agent`` with its journaled ``timers``."""
+        self._loaded.add((agent, partition))
+        if armed:
+            self._armed.add((agent, partition))
+        self.add(timers)
+
+    def arm(self, agent: str, partition: int) -> bool:
+        """Let the partition's timers fire; returns True if it was held."""
+        slot = (agent, partition)
+        if slot in self._armed or slot not in self._loaded:
+            return False
+        self._armed.add(slot)
+        return True
+
+    def armed(self, agent: str, partition: int) -> bool:
+        return (agent, partition) in self._armed
+
+    def add(self, timers: Iterable[TimerEntry]) -> None:
+        """Schedule registered timers (duplicates of scheduled ones are ignored)."""
+        for t in timers:
+            if (t.agent, t.partition) not in self._loaded:
+                continue  # not (or no longer) ours
+            ident = (t.agent, t.partition, t.kind, t.ts, t.key)
+            if ident in self._scheduled:
+                continue
+            self._scheduled.add(ident)
+            heapq.heappush(self._heaps.setdefault((t.agent, t.partition, t.kind), []), (t.ts, t.key))
+
+    def drop(self, agent: str, partition: int) -> None:
+        """Forget the partition (revoked): its timers stay in the journal."""
+        slot = (agent, partition)
+        self._loaded.discard(slot)
+        self._armed.discard(slot)
+        for kind in ("event", "processing"):
+            self._heaps.pop((agent, partition, kind), None)
+        self._scheduled = {s for s in self._scheduled if (s[0], s[1]) != slot}
+
+    def due_event(self, agent: str, watermark: int) -> list[TimerEntry]:
+        """Event-time timers of ``agent`` with ``ts <= watermark`` on armed partitions."""
+        return self._pop(lambda a, kind: a == agent and kind == "event", watermark)
+
+    def due_processing(self, now_ms: int) -> list[TimerEntry]:
+        """Processing-time timers with ``ts <= now_ms`` on armed partitions."""
+        return self._pop(lambda _a, kind: kind == "processing", now_ms)
+
+    def pending(self) -> int:
+        return len(self._scheduled)
+
+    def _pop(self, select, limit: int) -> list[TimerEntry]:  # type: ignore[no-untyped-def]
+        out: list[TimerEntry] = []
+        for (agent, partition, kind), heap in self._heaps.items():
+            if not select(agent, kind) or (agent, partition) not in self._armed:
+                continue
+            while heap and heap[0][0] <= limit:
+                ts, key = heapq.heappop(heap)
+                self._scheduled.discard((agent, partition, kind, ts, key))
+                out.append(TimerEntry(key, kind, ts, agent, partition))
+        out.sort(key=lambda t: t.ts)
+        return out
