@@ -89,7 +89,9 @@ class Ledger:
 
     def read(self, spark: SparkSession) -> DataFrame:
         fmt = self.format or ("csv" if str(self.path).endswith(".csv") else "parquet")
-        reader = spark.read.option("header", "true") if fmt == "csv" else spark.read
+        reader = spark.read
+        if fmt == "csv":  # RFC 4180: a header row, quotes doubled inside quoted fields
+            reader = reader.option("header", "true").option("escape", '"')
         df = reader.format(fmt).load(str(self.path))
         if self.id_column not in df.columns:
             raise ConfigurationError(f"ledger {self.path} has no column {self.id_column!r}")
