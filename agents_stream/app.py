@@ -74,7 +74,8 @@ class App:
         data_dir: where RocksDB caches live (``--data-dir`` overrides).
         schema_registry_url: Confluent Schema Registry; switches Avro framing to the
             Confluent wire format.
-        payload_codec: codec of call results, outputs and memory values (JSON default).
+        payload_codec: codec of journaled call results and outputs (JSON default;
+            ``PickleCodec`` only for trusted topics). Memory values and events are JSON.
         max_in_flight: records processed concurrently per worker before partitions pause.
         on_error: ``"dlq"`` sends a record whose action raised to ``<input>-dlq`` and goes
             on; ``"fail"`` stops the worker without committing it.
