@@ -52,6 +52,9 @@ def reader_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> di
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
         "fetch.max.bytes": 52428800,
+        # librdkafka backs off 1 s between fetches once its queue is full; replay wants
+        # the next fetch right away.
+        "fetch.queue.backoff.ms": 10,
         "log_level": 3,
     }
     conf.update(overrides or {})

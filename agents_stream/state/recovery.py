@@ -42,51 +42,82 @@ def rebuild_partition(
     *,
     timeout: float = 60.0,
 ) -> int:
-    start = cache.checkpoint
+    """Catch up one partition's cache; returns the number of records replayed."""
+    return rebuild_partitions(bootstrap, topic, {partition: cache}, codec, timeout=timeout)[
+        partition
+    ]
+
+
+def rebuild_partitions(
+    bootstrap: str,
+    topic: str,
+    caches: dict[int, PartitionCache],
+    codec: JournalCodec,
+    *,
+    timeout: float = 60.0,
+) -> dict[int, int]:
+    """Catch up several partitions with one consumer (one connection and fetch session
+    for a whole assignment); returns records replayed per partition."""
+    starts = {p: cache.checkpoint for p, cache in caches.items()}
+    replayed = dict.fromkeys(caches, 0)
+    open_parts = set(caches)
+    scratch: set[int] = set()
     consumer = Consumer(reader_config(bootstrap))
-    replayed = 0
     deadline = time.monotonic() + timeout
     try:
-        consumer.assign([TopicPartition(topic, partition, start or OFFSET_BEGINNING)])
-        while True:
-            msgs = consumer.consume(BATCH, timeout=1.0)
+        consumer.assign(
+            [TopicPartition(topic, p, starts[p] or OFFSET_BEGINNING) for p in sorted(caches)]
+        )
+        while open_parts:
+            # consume() waits its whole timeout unless the batch fills: keep it short so an
+            # empty or small partition is caught up in milliseconds, not seconds.
+            msgs = consumer.consume(BATCH, timeout=0.05)
             if not msgs:
                 # End of partition is learned from the fetch (partition EOF), not from
                 # ListOffsets, which some Kafka-protocol brokers answer imprecisely.
                 if time.monotonic() > deadline:
-                    raise KafkaIOError(f"no end of partition seen for {topic}[{partition}]")
+                    raise KafkaIOError(f"no end of partition seen for {topic}{sorted(open_parts)}")
                 continue
             deadline = time.monotonic() + timeout
-            records: list[tuple[bytes, bytes | None]] = []
-            next_offset = start
-            eof = False
+            batches: dict[int, list[tuple[bytes, bytes | None]]] = {}
+            next_offsets: dict[int, int] = {}
+            at_end: list[int] = []
             for msg in msgs:
+                p = msg.partition()
+                if p not in open_parts:
+                    continue
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        eof = True
+                        at_end.append(p)
                         continue
-                    raise KafkaIOError(f"reading {topic}[{partition}]: {err}", code=err.code())
-                if msg.offset() < start:  # the log restarted below our checkpoint
-                    return _restart_from_scratch(bootstrap, topic, partition, cache, codec, 0)
+                    raise KafkaIOError(f"reading {topic}[{p}]: {err}", code=err.code())
+                if msg.offset() < starts[p]:  # the log restarted below our checkpoint
+                    scratch.add(p)
+                    open_parts.discard(p)
+                    continue
                 key = msg.key() or b""
                 value = msg.value()
                 if value is not None:
                     codec.decode(key, value)  # fail fast on corruption, naming the slot
-                records.append((key, value))
-                next_offset = msg.offset() + 1
-            if records:
-                cache.apply(records, next_offset)
-                replayed += len(records)
-            if eof:
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), cached=True
-                )
-                if start > high:
-                    return _restart_from_scratch(bootstrap, topic, partition, cache, codec, high)
-                return replayed
+                batches.setdefault(p, []).append((key, value))
+                next_offsets[p] = msg.offset() + 1
+            for p, records in batches.items():
+                if p in open_parts:
+                    caches[p].apply(records, next_offsets[p])
+                    replayed[p] += len(records)
+            for p in at_end:
+                if p not in open_parts:
+                    continue
+                open_parts.discard(p)
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+                if starts[p] > high:
+                    scratch.add(p)
     finally:
         consumer.close()
+    for p in sorted(scratch):
+        replayed[p] = _restart_from_scratch(bootstrap, topic, p, caches[p], codec)
+    return replayed
 
 
 def _restart_from_scratch(
@@ -95,14 +126,13 @@ def _restart_from_scratch(
     partition: int,
     cache: PartitionCache,
     codec: JournalCodec,
-    high: int,
 ) -> int:
     log.warning(
-        "%s[%d]: cache checkpoint is past the topic end (%d); the topic was recreated, "
+        "%s[%d]: cache checkpoint %d is past the topic end; the topic was recreated, "
         "rebuilding the cache from scratch",
         topic,
         partition,
-        high,
+        cache.checkpoint,
     )
     for key in list(cache.db.keys()):
         cache.db.delete(key)
