@@ -76,6 +76,7 @@ JOURNAL_DDL = ", ".join(f"`{name}` {ddl}" for name, _, ddl in _COLUMNS)
 """Spark DDL schema of decoded journal rows."""
 
 KINDS = ("call", "done", "memory", "truncation", "undecodable")
+"""Kinds this reader names; entry kinds added later appear as their class name, lowercased."""
 
 
 def action_name(action: str) -> str:
@@ -142,7 +143,14 @@ def entry_row(entry: JournalEntry) -> dict[str, Any]:
             "dropped": entry.dropped,
             "at_ms": entry.at_ms,
         }
-    raise TypeError(f"not a journal entry: {type(entry).__name__}")
+    # An entry kind newer than this reader (e.g. timers): kept as a row of its own kind.
+    row: dict[str, Any] = {"kind": type(entry).__name__.lower()}
+    ref = getattr(entry, "ref", None)
+    if ref is not None:
+        row.update(_ref(ref))
+    elif isinstance(getattr(entry, "key", None), str):
+        row["key"] = entry.key  # type: ignore[attr-defined]
+    return row
 
 
 def _ref(ref: Any) -> dict[str, Any]:
