@@ -107,6 +107,14 @@ class AvroSerde:
             raise ValueDecodeError(f"{len(data) - body.tell()} trailing bytes after the body")
         return value
 
+    def writer_of(self, data: bytes) -> Any:
+        """The writer schema of a framed record (raises ValueDecodeError if unknown)."""
+        try:
+            frame = read_frame(data)
+        except FramingError as exc:
+            raise ValueDecodeError(str(exc)) from exc
+        return self._writer_of(frame)
+
     def _writer_of(self, frame: Any) -> Any:
         if frame.kind == "single-object":
             writer = self._by_fingerprint.get(frame.fingerprint)

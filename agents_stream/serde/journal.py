@@ -79,6 +79,18 @@ class JournalCodec:
             raise _decode_error(f"{type(exc).__name__}: {exc}", key) from exc
 
 
+    def check(self, key: bytes, value: bytes) -> None:
+        """Cheap validation for bulk replay: known framing and writer schema.
+
+        A full decode costs ~20x a plain read; cache rebuilds check headers only, and a
+        corrupt body still fails fast (naming the slot) when the entry is read.
+        """
+        try:
+            self.serde.writer_of(value)
+        except ValueDecodeError as exc:
+            raise _decode_error(exc.reason, key) from exc
+
+
 def default_journal_codec(
     schema_registry_url: str | None = None, topic: str | None = None
 ) -> JournalCodec:
@@ -109,13 +121,18 @@ def _decode_error(reason: str, key: bytes) -> JournalDecodeError:
         parts = []
     if len(parts) >= 2:
         where["key"] = parts[1]
-    if len(parts) >= 3 and parts[2].lstrip("-").isdigit():
+    if len(parts) >= 3 and _ascii_int(parts[2].removeprefix("-")):
         where["seq"] = int(parts[2])
     if len(parts) >= 4:
         where["action"] = parts[3]
-    if len(parts) >= 5 and parts[0] in ("c", "t") and parts[4].isdigit():
+    if len(parts) >= 5 and parts[0] in ("c", "t") and _ascii_int(parts[4]):
         where["index"] = int(parts[4])
     return JournalDecodeError(reason, **where)
+
+
+def _ascii_int(text: str) -> bool:
+    # str.isdigit() accepts digits int() rejects (e.g. "²").
+    return text.isascii() and text.isdigit()
 
 
 def to_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:

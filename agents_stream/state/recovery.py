@@ -9,8 +9,9 @@ moves forward. Steps, for one partition:
    A checkpoint beyond the high watermark means the topic was recreated (or the broker
    lost its data): the cache is wiped and rebuilt from the beginning.
 3. Apply records in write batches (tombstone -> delete) until the high watermark, and
-   move the checkpoint with each batch. Every value is decoded once, so a corrupt
-   journal record fails the assignment at once, naming its key.
+   move the checkpoint with each batch. Every value's framing and writer schema are
+   checked, so a foreign or garbage journal record fails the assignment at once, naming
+   its slot; a damaged Avro body fails when that slot is read.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def rebuild_partitions(
                 key = msg.key() or b""
                 value = msg.value()
                 if value is not None:
-                    codec.decode(key, value)  # fail fast on corruption, naming the slot
+                    codec.check(key, value)  # unknown schema or garbage: fail fast, naming the slot
                 batches.setdefault(p, []).append((key, value))
                 next_offsets[p] = msg.offset() + 1
             for p, records in batches.items():
