@@ -22,9 +22,15 @@ no-op for a timer that is no longer live.
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Iterable
 
+from confluent_kafka import Consumer, TopicPartition
+
 from ..durable.journal import TimerEntry
+
+log = logging.getLogger("agents_stream.worker")
+NEVER = 1 << 62
 
 _Slot = tuple[str, int]  # (agent, partition)
 
@@ -96,3 +102,21 @@ class TimerService:
                 out.append(TimerEntry(key, kind, ts, agent, partition))
         out.sort(key=lambda t: t.ts)
         return out
+
+
+def input_end(consumer: Consumer, topic: str, partition: int) -> int | None:
+    """Offset at which held timers of an input partition arm: its end offset when input
+    remains to re-consume after the committed position, None when nothing does.
+
+    Runs on the consumer's thread (rebalance callback). When the offsets cannot be read,
+    only the partition EOF arms the timers.
+    """
+    tp = TopicPartition(topic, partition)
+    try:
+        low, high = consumer.get_watermark_offsets(tp, timeout=5.0, cached=False)
+        [committed] = consumer.committed([TopicPartition(topic, partition)], timeout=5.0)
+    except Exception as exc:
+        log.warning("no end offset for %s[%d] (%s): timers wait for EOF", topic, partition, exc)
+        return NEVER
+    start = committed.offset if committed.offset >= 0 else low
+    return high if start < high else None

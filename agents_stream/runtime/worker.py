@@ -57,7 +57,7 @@ from .controller import ExecutionController
 from .dlq import DeadLetters
 from .offsets import OffsetTracker
 from .sink import KafkaOutputSink
-from .timers import TimerService
+from .timers import TimerService, input_end
 from .watermarks import WatermarkGenerator
 
 log = logging.getLogger("agents_stream.worker")
@@ -420,19 +420,6 @@ class Worker:
         if tp[0] in self._agents and self.timers.arm(self._agents[tp[0]][0].name, tp[1]):
             log.info("timers of %s[%d] armed (uncommitted input re-consumed)", *tp)
 
-    def _input_end(self, consumer: Consumer, tp: TopicPartition) -> int | None:
-        """Where held timers of ``tp`` arm: its end offset, if input remains to consume."""
-        try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(tp.topic, tp.partition), timeout=5.0, cached=False
-            )
-            [committed] = consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=5.0)
-        except Exception as exc:  # the partition EOF still arms it
-            log.warning("no end offset for %s[%d] (%s): timers wait for EOF", tp.topic, tp.partition, exc)
-            return 1 << 62
-        start = committed.offset if committed.offset >= 0 else low
-        return high if start < high else None
-
     def _fail(self, exc: BaseException) -> None:
         self.exit_code = 1
         assert self._stopping is not None
@@ -482,6 +469,13 @@ class Worker:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         started = time.monotonic()
         replayed = 0
+        if self.store is not None:  # all new journal partitions caught up in one pass
+            fresh = {
+                tp.partition
+                for tp in partitions
+                if tp.topic in self._agents and self._state_refs[tp.partition] == 0
+            }
+            replayed = self.store.assign(*sorted(fresh)) if fresh else 0
         for tp in partitions:
             if tp.topic in self._agents and self.store is not None:
                 if self._state_refs[tp.partition] == 0:
@@ -489,7 +483,7 @@ class Worker:
                 self._state_refs[tp.partition] += 1
                 name = self._agents[tp.topic][0].name
                 timers = [t for t in self.store.timers(tp.partition) if t.agent == name]
-                arm_at = self._input_end(consumer, tp)
+                arm_at = input_end(consumer, tp.topic, tp.partition)
                 assert self._loop is not None
                 # Runs on the loop before any record fetched by this consume call.
                 self._loop.call_soon_threadsafe(
