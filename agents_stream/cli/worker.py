@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from ..errors import AgentsStreamError
 from ..testing.broker import EmbeddedBroker
 from .common import add_app_args, load_app, setup_logging
 
@@ -62,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
             max_in_flight=args.max_in_flight,
         )
         return worker.run()
+    except AgentsStreamError as exc:
+        # Our own errors carry what to fix (e.g. the journal slot that is corrupt).
+        log.critical("worker stopped: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        return 1
     finally:
         if embedded is not None:
             embedded.stop()
