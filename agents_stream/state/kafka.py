@@ -32,7 +32,7 @@ from ..kafka.producer import Ack, AckingProducer
 from ..serde.journal import JournalCodec
 from . import keys
 from .base import ActionStateStore, all_of
-from .recovery import rebuild_partition
+from .recovery import rebuild_partitions
 
 log = logging.getLogger("agents_stream.state")
 
@@ -106,16 +106,17 @@ class KafkaActionStateStore(ActionStateStore):
         producer.on_acked(topic, self._on_acked)
 
     # -- partition lifecycle ----------------------------------------------------------
-    def assign(self, partition: int) -> int:
-        """Open (and catch up) the cache of ``partition``; returns records replayed."""
+    def assign(self, *partitions: int) -> int:
+        """Open (and catch up) the caches of ``partitions``; returns records replayed."""
         with self._lock:
-            if partition in self._caches:
-                return 0
-        cache = PartitionCache(self._dir / f"p{partition}")
-        replayed = rebuild_partition(self._bootstrap, self.topic, partition, cache, self._codec)
+            wanted = [p for p in partitions if p not in self._caches]
+        if not wanted:
+            return 0
+        caches = {p: PartitionCache(self._dir / f"p{p}") for p in wanted}
+        replayed = rebuild_partitions(self._bootstrap, self.topic, caches, self._codec)
         with self._lock:
-            self._caches[partition] = cache
-        return replayed
+            self._caches.update(caches)
+        return sum(replayed.values())
 
     def revoke(self, partition: int) -> None:
         with self._lock:
