@@ -23,6 +23,7 @@ from ..durable.journal import (
     CallStatus,
     JournalEntry,
     MemorySnapshot,
+    TimerEntry,
     Truncation,
     action_ordinal,
 )
@@ -182,6 +183,7 @@ def format_key(entries: list[JournalEntry]) -> list[str]:
     done: dict[tuple[int, str], ActionDone] = {}
     truncations: dict[tuple[int, str], list[Truncation]] = defaultdict(list)
     memory: list[MemorySnapshot] = []
+    timers: list[TimerEntry] = []
     for entry in entries:
         if isinstance(entry, CallEntry):
             calls[(entry.ref.seq, entry.ref.action)].append(entry)
@@ -189,7 +191,9 @@ def format_key(entries: list[JournalEntry]) -> list[str]:
             done[(entry.ref.seq, entry.ref.action)] = entry
         elif isinstance(entry, Truncation):
             truncations[(entry.ref.seq, entry.ref.action)].append(entry)
-        else:
+        elif isinstance(entry, TimerEntry):
+            timers.append(entry)
+        elif isinstance(entry, MemorySnapshot):
             memory.append(entry)
     lines = []
     runs = sorted({*calls, *done, *truncations}, key=lambda r: (r[0], action_ordinal(r[1]), r[1]))
@@ -213,6 +217,8 @@ def format_key(entries: list[JournalEntry]) -> list[str]:
     for snap in memory:
         values = ", ".join(f"{k}={_short(v)}" for k, v in sorted(snap.values.items()))
         lines.append(f"  memory (after seq {snap.applied_seq}): {values or '(empty)'}")
+    for timer in sorted(timers, key=lambda t: (t.kind, t.ts)):
+        lines.append(f"  timer {timer.kind} at {timer.ts} for {timer.agent or '?'}")
     return lines
 
 
@@ -234,6 +240,7 @@ def format_stats(entries: list[JournalEntry]) -> list[str]:
         lines.append("  ".join([f"{action:<{width}}", *(f"{row[c]:>11}" for c in columns)]))
     keys = sum(isinstance(e, MemorySnapshot) for e in entries)
     lines.append(f"keys with memory: {keys}")
+    lines.append(f"pending timers: {sum(isinstance(e, TimerEntry) for e in entries)}")
     return lines
 
 
