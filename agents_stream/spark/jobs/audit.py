@@ -67,10 +67,17 @@ def _agent_of(action_name_col: Any) -> Any:
     return F.substring_index(action_name_col, ".", 1)
 
 
-def journal_tables(journal: DataFrame, *, stuck_after_ms: int, now_ms: int) -> dict[str, DataFrame]:
-    """The tables that need only the decoded journal (step 2)."""
+def journal_tables(
+    journal: DataFrame,
+    *,
+    stuck_after_ms: int,
+    now_ms: int,
+    states: DataFrame | None = None,
+) -> dict[str, DataFrame]:
+    """The tables that need only the decoded journal (step 2); ``states`` defaults to
+    :func:`~agents_stream.spark.action_state.action_states` of ``journal``."""
     calls = journal.where(F.col("kind") == "call")
-    states = action_states(journal)
+    states = states if states is not None else action_states(journal)
     return {
         "status_counts": calls.groupBy("action_name", "status")
         .count()
@@ -229,17 +236,21 @@ def run_audit(
     with step(spark, "audit", f"read and decode {app.action_state_topic}"):
         journal = read_journal(spark, bootstrap, app, **read_options).drop("raw_value").cache()
         records = journal.count()
-    tables = journal_tables(journal, stuck_after_ms=int(stuck_after_s * 1000), now_ms=now_ms)
+        states = action_states(journal).cache()
+    tables = journal_tables(
+        journal, stuck_after_ms=int(stuck_after_s * 1000), now_ms=now_ms, states=states
+    )
     if inputs and app.agents:
         tables["missing_inputs"] = _missing_inputs(spark, app, bootstrap, journal)
     if outputs and any(b.output for b in app.agents):
         tables["duplicate_outputs"] = _duplicate_outputs(spark, app, bootstrap, journal)
     with step(spark, "audit", "summarize"):
-        summary = _summary(app, journal, tables, records, now_ms, stuck_after_s)
+        summary = _summary(app, journal, states, tables, records, now_ms, stuck_after_s)
     result = AuditResult(summary, tables)
     if out_dir is not None:
         with step(spark, "audit", f"write Parquet tables and reports to {out_dir}"):
             _write(result, Path(out_dir), app)
+    states.unpersist()
     journal.unpersist()
     return result
 
@@ -305,6 +316,7 @@ def _duplicate_outputs(
 def _summary(
     app: App,
     journal: DataFrame,
+    states: DataFrame,
     tables: Mapping[str, DataFrame],
     records: int,
     now_ms: int,
@@ -315,7 +327,6 @@ def _summary(
         r["status"]: r["count"]
         for r in journal.where("kind = 'call'").groupBy("status").count().collect()
     }
-    states = action_states(journal)
     total_states = states.count()
     summary: dict[str, Any] = {
         "app": app.id,
