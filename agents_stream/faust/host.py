@@ -1,0 +1,393 @@
+"""DurableAgent: an agents_stream Agent hosted by a Faust app, as a Faust agent.
+
+The Faust app owns consumption, the consumer group and offset commits; agents_stream
+owns the journal (``<app_id>-action-state``, compacted, co-partitioned with the input,
+read through a RocksDB cache per partition), the outputs and the dead letters, written
+with its own confluent-kafka producer.
+
+Guarantees (the worker's): a code block whose CallResult was acknowledged is never
+executed again after a crash or rebalance, its outcome is replayed; completed actions are
+skipped and their memory updates and outputs are not applied twice; an input is acked to
+Faust (which then commits it) only after all its actions completed and their outputs are
+durable. Records of one Faust agent are processed one at a time, in Faust's order.
+
+Lifecycle, in the order Faust drives it:
+
+1. First assignment (``on_partitions_assigned``, before Faust fetches): create the
+   missing output, ``<input>-dlq`` and ActionState topics; build producer and store.
+2. Every assignment: catch up each assigned input partition's cache from the ActionState
+   topic (in a thread: Faust's loop keeps heartbeating). A record of a partition that is
+   not assigned yet (missed signal) assigns it first.
+3. Records: see :mod:`agents_stream.faust.records` (run, then ack).
+4. Revocation (``on_partitions_revoked``; Faust has waited for in-flight records to be
+   acked): close the revoked partitions' caches.
+5. Every ``prune_interval``: tombstone the ActionStates of records below the offsets
+   Faust committed (as the worker's pruning).
+6. Shutdown (``on_before_shutdown``): flush and close the producer, close the caches.
+
+Not hosted here (the worker has them): timers (registrations are journaled, never
+fired), Async I/O operators, watermark epochs, per-key concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections import defaultdict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..agent import Agent
+from ..app import normalize_broker
+from ..durable.context import ContextConfig
+from ..durable.journal import TimerEntry
+from ..durable.payload import JSON, PayloadCodec
+from ..durable.runner import ActionRunner, OutputSink
+from ..errors import ConfigurationError
+from ..kafka.admin import TopicAdmin, TopicSpec, compacted
+from ..kafka.config import producer_config
+from ..kafka.producer import AckingProducer
+from ..runtime.dlq import DeadLetters
+from ..runtime.sink import KafkaOutputSink
+from ..serde.journal import default_journal_codec
+from ..serde.values import value_codec
+from ..state.base import ActionStateStore
+from ..state.kafka import KafkaActionStateStore
+from .records import FaustEvent, FaustRecordHandler, OnError, record_key
+
+try:
+    import faust
+except ImportError as exc:  # pragma: no cover - depends on the extra
+    raise ImportError(
+        "agents_stream.faust needs faust-streaming: pip install 'agents-stream[faust]'"
+    ) from exc
+
+log = logging.getLogger("agents_stream.faust")
+
+
+def faust_bootstrap(faust_app: faust.App) -> str:
+    """librdkafka bootstrap servers of a Faust app's ``broker`` setting."""
+    urls = faust_app.conf.broker
+    servers = [f"{u.host}:{u.port or 9092}" for u in urls if u.scheme in ("kafka", "aiokafka")]
+    if not servers:
+        raise ConfigurationError(
+            f"Faust broker {[str(u) for u in urls]} is not Kafka; pass broker= explicitly"
+        )
+    return ",".join(servers)
+
+
+class DurableAgent:
+    """An agents_stream ``Agent`` run by a Faust app; create it with :func:`durable_agent`.
+
+    No I/O happens here: Kafka resources are created when Faust first assigns partitions.
+
+    Args (keyword-only, beyond :func:`durable_agent`'s):
+        output_schema: Avro schema of output values (JSON without one).
+        broker: bootstrap servers of the journal/output producer (default: Faust's).
+        data_dir: root of the RocksDB caches (default: Faust's ``datadir``), as
+            ``<data_dir>/<app_id>/action-state``.
+        schema_registry_url, payload_codec, strict_determinism, producer_config: as on
+            :class:`~agents_stream.App`.
+        on_error: ``"dlq"`` (copy to ``<input>-dlq``, ack, go on) or ``"fail"`` (crash
+            the Faust app, leave the record unacked).
+        worker_id: recorded in every CallResult (default host-pid).
+        prune_completed, prune_interval: tombstone a record's ActionStates once Faust
+            committed its offset, checked every ``prune_interval`` seconds.
+        store, sink: bring your own ActionStateStore / OutputSink (tests, Faust's
+            ``agent.test_context()``); no journal topic or producer is created for them.
+        name: the Faust agent's name.
+    """
+
+    def __init__(
+        self,
+        faust_app: faust.App,
+        agent: type[Agent],
+        *,
+        topic: Any,
+        app_id: str | None = None,
+        output: str | None = None,
+        output_schema: Any = None,
+        broker: str | None = None,
+        data_dir: str | Path | None = None,
+        schema_registry_url: str | None = None,
+        payload_codec: PayloadCodec = JSON,
+        on_error: OnError = "dlq",
+        strict_determinism: bool = False,
+        worker_id: str | None = None,
+        producer_config: dict[str, Any] | None = None,
+        prune_completed: bool = True,
+        prune_interval: float = 2.0,
+        store: ActionStateStore | None = None,
+        sink: OutputSink | None = None,
+        name: str | None = None,
+    ) -> None:
+        agent.actions()  # validate at import time of the user's module
+        self.faust_app = faust_app
+        self.agent = agent
+        self.topic = faust_app.topic(topic) if isinstance(topic, str) else topic
+        names = list(self.topic.topics or ())
+        if len(names) != 1:
+            raise ConfigurationError(
+                f"durable_agent needs exactly one input topic (the journal is "
+                f"co-partitioned with it); got {names or self.topic!r}"
+            )
+        self.input: str = names[0]
+        self.app_id = app_id or str(faust_app.conf.id)
+        self.output = output
+        self.output_schema = output_schema
+        self._broker = broker
+        self.data_dir = Path(data_dir or faust_app.conf.datadir) / self.app_id
+        self.schema_registry_url = schema_registry_url
+        self.on_error: OnError = on_error
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self._producer_overrides = dict(producer_config or {})
+        self.prune_completed = prune_completed and store is None
+        self._pool = ThreadPoolExecutor(64, thread_name_prefix="agents-stream-action")
+        self._context = ContextConfig(
+            app_id=self.app_id,
+            worker_id=self.worker_id,
+            codec=payload_codec,
+            strict=strict_determinism,
+            executor=self._pool,
+        )
+        self.store: ActionStateStore | None = store
+        self._sink = sink
+        self.producer: AckingProducer | None = None
+        self.handler: FaustRecordHandler | None = None
+        self._owned: set[int] = set()
+        self._finished: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        self._start_lock = asyncio.Lock()
+        self._assign_lock = asyncio.Lock()
+        self._timers_warned = False
+
+        self.faust_agent = faust_app.agent(
+            self.topic, name=name or f"agents_stream.{self.app_id}.{agent.__name__}"
+        )(self._consume)
+        faust_app.on_partitions_assigned.connect(self._on_assigned)
+        faust_app.on_partitions_revoked.connect(self._on_revoked)
+        faust_app.on_before_shutdown.connect(self._on_shutdown)
+        if self.prune_completed:
+
+            async def prune() -> None:
+                self._prune()
+
+            faust_app.timer(prune_interval, name=f"{self.faust_agent.name}.prune")(prune)
+
+    @property
+    def action_state_topic(self) -> str:
+        return f"{self.app_id}-action-state"
+
+    @property
+    def bootstrap(self) -> str:
+        """``broker=`` if given, else the Faust app's broker."""
+        if self._broker:
+            return normalize_broker(self._broker)
+        return faust_bootstrap(self.faust_app)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return dict(self.handler.stats) if self.handler else {}
+
+    # -- Faust agent ------------------------------------------------------------------
+    async def _consume(self, stream: Any) -> None:
+        """The Faust agent: one event at a time, acked by the handler once done."""
+        async for event in stream.noack().events():
+            await self.process(event)
+
+    async def process(self, event: FaustEvent) -> bool:
+        """Run one Faust event's actions; True when it was acked (see ``records``)."""
+        handler = await self.start()
+        partition = int(event.message.partition)
+        if partition not in self._owned:
+            if not self._assigned_by_faust(partition):
+                return False  # fetched before a revoke: the new owner runs it
+            await self._assign([partition])
+        acked = await handler.handle(event)
+        if acked and self.prune_completed:
+            self._finished[partition].append((int(event.message.offset), record_key(event.key)))
+        return acked
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> FaustRecordHandler:
+        """Create topics, producer, store and runner once (idempotent)."""
+        if self.handler is not None:
+            return self.handler
+        async with self._start_lock:
+            if self.handler is None:
+                self.handler = await asyncio.to_thread(self._build)
+        return self.handler
+
+    def _build(self) -> FaustRecordHandler:
+        dead_letters = None
+        if self.store is None or (self.output and self._sink is None):
+            self._ensure_topics()
+            self.producer = AckingProducer(
+                producer_config(self.bootstrap, self._producer_overrides)
+            )
+            dead_letters = DeadLetters(self.producer, self.app_id)
+        if self.store is None:
+            assert self.producer is not None
+            self.store = KafkaActionStateStore(
+                topic=self.action_state_topic,
+                producer=self.producer,
+                codec=default_journal_codec(self.schema_registry_url, self.action_state_topic),
+                data_dir=self.data_dir / "action-state",
+                bootstrap=self.bootstrap,
+            )
+        sink = self._sink
+        if sink is None and self.output:
+            assert self.producer is not None
+            codec = value_codec(
+                self.output_schema,
+                registry_url=self.schema_registry_url,
+                subject=f"{self.output}-value",
+            )
+            sink = KafkaOutputSink(self.producer, self.output, codec)
+        runner = ActionRunner(
+            self.agent, self.store, self._context, sink, on_timers=self._on_timers
+        )
+        return FaustRecordHandler(
+            runner,
+            dead_letters=dead_letters,
+            on_error=self.on_error,
+            crash=self.faust_app.crash,
+            owns=self._owned.__contains__,
+        )
+
+    def _ensure_topics(self) -> None:
+        """Create the output, DLQ and ActionState topics (the input is the Faust app's)."""
+        admin = TopicAdmin(self.bootstrap)
+        counts = admin.partition_counts([self.input])
+        partitions = counts.get(self.input) or self.topic.partitions
+        partitions = partitions or self.faust_app.conf.topic_partitions
+        admin.ensure(
+            [
+                compacted(self.action_state_topic, partitions),
+                TopicSpec(f"{self.input}-dlq", partitions),
+            ]
+            + ([TopicSpec(self.output, partitions)] if self.output else [])
+        )
+
+    async def _assign(self, partitions: Iterable[int]) -> None:
+        """Catch up the caches of ``partitions``; serialized, so the assignment signal and
+        a record arriving first never open the same cache twice."""
+        await self.start()
+        async with self._assign_lock:
+            new = sorted(set(partitions) - self._owned)
+            if not new:
+                return
+            replayed = 0
+            if isinstance(self.store, KafkaActionStateStore):
+                for partition in new:
+                    replayed += await asyncio.to_thread(self.store.assign, partition)
+            self._owned.update(new)
+        log.info(
+            "%s: assigned %s[%s] (replayed %d journal records)",
+            self.agent.__name__,
+            self.input,
+            ",".join(map(str, new)),
+            replayed,
+        )
+
+    def _assigned_by_faust(self, partition: int) -> bool:
+        """Whether Faust's consumer holds the input partition (True without a consumer
+        assignment to ask, e.g. in Faust's ``agent.test_context()``)."""
+        if not isinstance(self.store, KafkaActionStateStore):
+            return True
+        assignment = self.faust_app.consumer.assignment()
+        return any(tp.topic == self.input and tp.partition == partition for tp in assignment)
+
+    async def _on_assigned(self, sender: Any, assigned: Any, **_: Any) -> None:
+        await self._assign(tp.partition for tp in assigned if tp.topic == self.input)
+
+    async def _on_revoked(self, sender: Any, revoked: Any, **_: Any) -> None:
+        async with self._assign_lock:
+            for tp in revoked:
+                if tp.topic != self.input or tp.partition not in self._owned:
+                    continue
+                self._owned.discard(tp.partition)
+                self._finished.pop(tp.partition, None)
+                if isinstance(self.store, KafkaActionStateStore):
+                    self.store.revoke(tp.partition)
+
+    async def _on_shutdown(self, sender: Any, **_: Any) -> None:
+        if self.producer is not None:
+            await asyncio.to_thread(self.producer.close)
+        if self.store is not None:
+            self.store.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        log.info("%s stopped: %s", self.agent.__name__, self.stats)
+
+    def _on_timers(self, timers: list[TimerEntry]) -> None:
+        if not self._timers_warned:
+            self._timers_warned = True
+            log.warning(
+                "%s registered timers; the Faust host journals them but does not fire "
+                "them (run the agent on the agents_stream worker for timers)",
+                self.agent.__name__,
+            )
+
+    # -- pruning ------------------------------------------------------------------------
+    def _prune(self) -> None:
+        """Tombstone the ActionStates of finished records below Faust's committed offsets:
+        a committed record is never re-consumed, so its journal is no longer needed."""
+        if self.store is None:
+            return
+        committed = _committed_offsets(self.faust_app)
+        for partition, finished in list(self._finished.items()):
+            position = committed.get((self.input, partition))
+            if position is None or partition not in self._owned:
+                continue
+            done = [(o, k) for o, k in finished if o < position]
+            if not done:
+                continue
+            self._finished[partition] = [(o, k) for o, k in finished if o >= position]
+            for offset, key in done:
+                self.store.prune(key, offset, partition)
+
+
+def _committed_offsets(faust_app: faust.App) -> dict[tuple[str, int], int]:
+    """Offsets Faust committed, as ``{(topic, partition): next offset}``.
+
+    Faust has no public accessor; its consumer keeps them in ``_committed_offset`` (set
+    after each successful commit). Without it nothing is pruned, which is safe.
+    """
+    offsets = getattr(faust_app.consumer, "_committed_offset", None) or {}
+    return {(tp.topic, tp.partition): o for tp, o in offsets.items() if o is not None}
+
+
+def durable_agent(
+    faust_app: faust.App,
+    agent: type[Agent],
+    *,
+    topic: Any,
+    app_id: str | None = None,
+    output: str | None = None,
+    **options: Any,
+) -> DurableAgent:
+    """Run ``agent``'s actions, durably, for every record of ``topic`` in ``faust_app``.
+
+    Registers a Faust agent (started by ``faust -A module worker`` like any other) that
+    runs each event through agents_stream's ActionRunner: ``ctx.execute*`` calls are
+    journaled to ``<app_id>-action-state`` and replayed after a crash or rebalance; an
+    event is acked to Faust only after its actions completed and their outputs (to
+    ``output``) are durable, so Faust never commits an unfinished input.
+
+    Args:
+        faust_app: the Faust app; its broker is used unless ``broker=`` is given.
+        agent: the agents_stream ``Agent`` subclass.
+        topic: a Faust topic (or topic name) with exactly one topic; the event key is
+            the agents_stream key (bytes decoded as UTF-8), the value is what Faust's
+            value serializer produced.
+        app_id: names the ActionState topic and call ids (default: the Faust app id).
+            One durable agent per app id and input topic.
+        output: topic of the agent's ``OutputEvent`` values (JSON, or Avro with
+            ``output_schema=``).
+        **options: see :class:`DurableAgent` (``on_error``, ``strict_determinism``,
+            ``payload_codec``, ``data_dir``, ``broker``, ``prune_completed``...).
+    """
+    return DurableAgent(faust_app, agent, topic=topic, app_id=app_id, output=output, **options)

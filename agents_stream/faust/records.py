@@ -1,0 +1,211 @@
+"""One Faust event through the ActionRunner: run, then ack; or dead-letter; or stop.
+
+This is the record policy of the worker (``runtime/worker.py``), applied to Faust events
+so that the two hosts replay and commit alike:
+
+1. The event becomes a :class:`RecordInput` (key as ``str``, ``seq`` = input offset,
+   partition, timestamp in ms, headers) and runs through the ActionRunner to completion:
+   every action done, its journal records and outputs acknowledged by the broker.
+2. Only then is the event acked. Faust commits acked offsets, so an input offset is never
+   committed before its actions completed; an unacked record is re-consumed after a crash
+   and its journaled calls are replayed, completed actions skipped.
+3. An action that raises: with ``on_error="dlq"`` the record is copied to
+   ``<input>-dlq`` (headers say why), then acked; with ``"fail"`` (and always for
+   journal decode errors and strict non-determinism) it is *not* acked and the Faust
+   app is crashed, so the record is re-consumed by the next worker.
+   Once the host is stopping, no later event is run or acked either: Faust commits
+   the first run of consecutive acked offsets, which could otherwise skip the
+   unacked one.
+4. A record whose partition was revoked while it ran is abandoned, unacked: the next
+   owner of the partition re-runs it with its journaled calls replayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Future
+from typing import Any, Literal, Protocol
+
+from ..durable.errors import JournalDecodeError, NonDeterminismError
+from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
+
+log = logging.getLogger("agents_stream.faust")
+
+FATAL = (JournalDecodeError, NonDeterminismError)
+
+OnError = Literal["dlq", "fail"]
+
+
+class FaustMessage(Protocol):
+    """What the handler reads of ``faust.types.Message`` (duck-typed for fakes)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float | None
+    key: bytes | None
+    value: bytes | None
+    headers: Any
+
+
+class FaustEvent(Protocol):
+    """What the handler reads of ``faust.types.EventT``."""
+
+    key: Any
+    value: Any
+    message: Any  # FaustMessage
+
+    def ack(self) -> bool: ...
+
+
+class DeadLetterSink(Protocol):
+    def send(self, msg: Any, stage: str, exc: BaseException) -> Future[None]: ...
+
+
+def record_key(key: Any) -> str:
+    """The agents_stream key of a Faust event key: ``str`` as is, bytes as UTF-8 (invalid
+    bytes backslash-escaped, as the worker does), ``None`` as ``""``."""
+    if key is None:
+        return ""
+    if isinstance(key, bytes | bytearray | memoryview):
+        return bytes(key).decode("utf-8", "backslashreplace")
+    return str(key)
+
+
+def record_headers(headers: Any) -> dict[str, bytes]:
+    """Faust headers (a mapping or a list of pairs) as ``{name: bytes}``; None values
+    are dropped, ``str`` values UTF-8 encoded."""
+    if not headers:
+        return {}
+    pairs: Iterable[tuple[Any, Any]] = headers.items() if hasattr(headers, "items") else headers
+    out: dict[str, bytes] = {}
+    for name, value in pairs:
+        if value is None:
+            continue
+        out[str(name)] = value.encode() if isinstance(value, str) else bytes(value)
+    return out
+
+
+def record_input(event: FaustEvent) -> RecordInput:
+    """The RecordInput of a Faust event: ``seq`` is the input offset, so a re-consumed
+    record meets the ActionStates of its earlier run."""
+    msg = event.message
+    ts = msg.timestamp
+    return RecordInput(
+        key=record_key(event.key),
+        seq=int(msg.offset),
+        value=event.value,
+        partition=int(msg.partition),
+        timestamp=int(ts * 1000) if ts else None,
+        headers=record_headers(msg.headers),
+    )
+
+
+class ConfluentLikeMessage:
+    """A Faust message seen through the confluent-kafka ``Message`` accessors that
+    :class:`~agents_stream.runtime.dlq.DeadLetters` reads."""
+
+    def __init__(self, msg: Any) -> None:
+        self._msg = msg
+
+    def topic(self) -> str:
+        return str(self._msg.topic)
+
+    def partition(self) -> int:
+        return int(self._msg.partition)
+
+    def offset(self) -> int:
+        return int(self._msg.offset)
+
+    def key(self) -> bytes | None:
+        return self._msg.key  # type: ignore[no-any-return]
+
+    def value(self) -> bytes | None:
+        return self._msg.value  # type: ignore[no-any-return]
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return list(record_headers(self._msg.headers).items())
+
+
+class FaustRecordHandler:
+    """Runs Faust events of one input topic through an ActionRunner (see module doc).
+
+    Args:
+        runner: the agent's runner (store partitions must be assigned by the caller).
+        dead_letters: where failed records go with ``on_error="dlq"``.
+        on_error: ``"dlq"`` or ``"fail"``, as ``App(on_error=...)``.
+        crash: called with the exception when the host must stop (Faust ``app.crash``).
+        owns: whether this host still owns an input partition (revoked -> abandon).
+    """
+
+    def __init__(
+        self,
+        runner: ActionRunner,
+        *,
+        dead_letters: DeadLetterSink | None,
+        on_error: OnError,
+        crash: Callable[[BaseException], Awaitable[None]],
+        owns: Callable[[int], bool],
+    ) -> None:
+        self.runner = runner
+        self.dead_letters = dead_letters
+        self.on_error = on_error
+        self._crash = crash
+        self._owns = owns
+        self.failed: BaseException | None = None
+        self.stats: dict[str, int] = {
+            "records": 0,
+            "calls_executed": 0,
+            "calls_replayed": 0,
+            "actions_skipped": 0,
+            "dlq": 0,
+            "abandoned": 0,
+        }
+
+    async def handle(self, event: FaustEvent) -> bool:
+        """Process ``event``; returns True when it was acked (done or dead-lettered)."""
+        if self.failed is not None:
+            return False  # stopping: leave it (and everything after it) unacked
+        record = record_input(event)
+        try:
+            outcome = await self.runner.run(record)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return await self._failed(event, record, exc)
+        self._count(outcome)
+        event.ack()
+        return True
+
+    def _count(self, outcome: RecordOutcome) -> None:
+        self.stats["records"] += 1
+        self.stats["calls_executed"] += outcome.calls_executed
+        self.stats["calls_replayed"] += outcome.calls_replayed
+        self.stats["actions_skipped"] += outcome.actions_skipped
+
+    async def _failed(self, event: FaustEvent, record: RecordInput, exc: Exception) -> bool:
+        msg = event.message
+        where = f"{msg.topic}[{record.partition}]@{record.seq} key={record.key!r}"
+        if not self._owns(record.partition):
+            self.stats["abandoned"] += 1
+            log.info("%s abandoned: partition revoked while it ran (%r)", where, exc)
+            return False
+        if isinstance(exc, FATAL) or self.on_error == "fail" or self.dead_letters is None:
+            log.critical("action of %s raised on %s: %r; stopping", self.runner.name, where, exc)
+            self.failed = exc
+            await self._crash(exc)
+            return False
+        log.error(
+            "action of %s raised on %s: %r -> %s-dlq",
+            self.runner.name,
+            where,
+            exc,
+            msg.topic,
+            exc_info=exc,
+        )
+        await asyncio.wrap_future(self.dead_letters.send(ConfluentLikeMessage(msg), "action", exc))
+        self.stats["dlq"] += 1
+        event.ack()
+        return True

@@ -1,0 +1,232 @@
+"""The Faust host's record policy without a broker: FaustRecordHandler on the in-memory
+store with fake Faust events, and a DurableAgent inside Faust's own ``test_context``."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from agents_stream import Agent, InputEvent, OutputEvent, RunnerContext, action
+from agents_stream.durable.context import ContextConfig
+from agents_stream.durable.payload import JSON
+from agents_stream.durable.runner import ActionRunner
+from agents_stream.state.memory import InMemoryActionStateStore
+
+faust = pytest.importorskip("faust")
+
+from agents_stream.faust import FaustRecordHandler, durable_agent, record_input, record_key  # noqa: E402
+
+EFFECTS: list[str] = []
+FAIL_AFTER_FIRST: set[int] = set()
+
+
+def charge(call_id: str, n: int) -> str:
+    EFFECTS.append(call_id)
+    return f"charged-{n}"
+
+
+class Payments(Agent):
+    @action(InputEvent)
+    @staticmethod
+    async def process(event: InputEvent, ctx: RunnerContext) -> None:
+        n = event.input["n"]
+        if event.input.get("bad"):
+            raise ValueError(f"bad {n}")
+        receipt = ctx.execute(charge, n)
+        if n in FAIL_AFTER_FIRST:
+            FAIL_AFTER_FIRST.discard(n)
+            raise ConnectionError("crash after the first call")
+        ctx.short_term_memory.set("count", ctx.short_term_memory.get("count", 0) + 1)
+        ctx.send_event(OutputEvent(output={"n": n, "receipt": receipt}))
+
+
+@dataclass
+class FakeMessage:
+    topic: str = "orders"
+    partition: int = 0
+    offset: int = 0
+    timestamp: float | None = 1700000000.5
+    key: bytes | None = b"k"
+    value: bytes | None = b"{}"
+    headers: Any = field(default_factory=list)
+
+
+class FakeEvent:
+    def __init__(self, value: Any, *, key: Any = b"k", offset: int = 0, partition: int = 0,
+                 on_ack: Any = None) -> None:
+        self.key = key
+        self.value = value
+        self.message = FakeMessage(partition=partition, offset=offset, key=key)
+        self.acked = False
+        self._on_ack = on_ack
+
+    def ack(self) -> bool:
+        if self._on_ack is not None:
+            self._on_ack()
+        self.acked = True
+        return True
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[Any]]] = []
+
+    def send(self, key: str, values: Any, partition: int) -> Future[None]:
+        self.sent.append((key, list(values)))
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+
+class ListDeadLetters:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, str]] = []
+
+    def send(self, msg: Any, stage: str, exc: BaseException) -> Future[None]:
+        self.sent.append((msg.topic(), msg.offset(), stage))
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+
+class Host:
+    def __init__(self, on_error: Any = "dlq") -> None:
+        EFFECTS.clear()
+        self.store = InMemoryActionStateStore()
+        self.sink = ListSink()
+        self.dlq = ListDeadLetters()
+        self.crashes: list[BaseException] = []
+        self.owned = {0}
+        self.on_error = on_error
+        self.handler = self.new_handler()
+
+    def new_handler(self) -> FaustRecordHandler:
+        """A fresh host process on the same (durable) store."""
+        runner = ActionRunner(Payments, self.store, ContextConfig("pay", "w1", JSON), self.sink)
+
+        async def crash(exc: BaseException) -> None:
+            self.crashes.append(exc)
+
+        return FaustRecordHandler(
+            runner, dead_letters=self.dlq, on_error=self.on_error, crash=crash,
+            owns=self.owned.__contains__,
+        )
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_event_is_acked_only_after_outputs_are_durable():
+    host = Host()
+    event = FakeEvent({"n": 1}, on_ack=lambda: order.append("ack"))
+    order: list[str] = []
+    real_send = host.sink.send
+
+    def send(key: str, values: Any, partition: int) -> Future[None]:
+        order.append("output")
+        return real_send(key, values, partition)
+
+    host.sink.send = send  # type: ignore[method-assign]
+    assert run(host.handler.handle(event)) is True
+    assert order == ["output", "ack"]
+    assert host.sink.sent == [("k", [{"n": 1, "receipt": "charged-1"}])]
+
+
+def test_unacked_record_re_run_replays_its_journaled_call():
+    host = Host(on_error="fail")
+    FAIL_AFTER_FIRST.add(7)
+    first = FakeEvent({"n": 7}, offset=3)
+    assert run(host.handler.handle(first)) is False  # raised after the call: not acked
+    assert not first.acked and len(host.crashes) == 1
+    handler = host.new_handler()  # "restart": same journal, record re-consumed
+    again = FakeEvent({"n": 7}, offset=3)
+    assert run(handler.handle(again)) is True
+    assert len(EFFECTS) == 1  # executed once, replayed once
+    assert handler.stats["calls_replayed"] == 1 and handler.stats["calls_executed"] == 0
+
+
+def test_completed_record_re_consumed_is_skipped_without_second_output():
+    host = Host()
+    run(host.handler.handle(FakeEvent({"n": 2}, offset=5)))
+    handler = host.new_handler()
+    assert run(handler.handle(FakeEvent({"n": 2}, offset=5))) is True
+    assert handler.stats["actions_skipped"] == 1
+    assert len(EFFECTS) == 1 and len(host.sink.sent) == 1
+    assert host.store.memory("k", 0).values == {"count": b"1"}
+
+
+def test_failing_action_is_dead_lettered_then_acked():
+    host = Host()
+    event = FakeEvent({"n": 1, "bad": True}, offset=9)
+    assert run(host.handler.handle(event)) is True
+    assert event.acked and host.dlq.sent == [("orders", 9, "action")]
+    assert host.crashes == []
+
+
+def test_on_error_fail_crashes_and_acks_nothing_after():
+    host = Host(on_error="fail")
+    bad, later = FakeEvent({"n": 1, "bad": True}, offset=0), FakeEvent({"n": 2}, offset=1)
+    assert run(host.handler.handle(bad)) is False
+    assert run(host.handler.handle(later)) is False
+    assert not bad.acked and not later.acked
+    assert host.dlq.sent == [] and EFFECTS == []  # the later record did not even run
+    assert [type(e) for e in host.crashes] == [ValueError]
+
+
+def test_record_of_a_revoked_partition_is_abandoned_unacked():
+    host = Host()
+    host.owned.clear()  # revoked while it ran: the store raises for it
+    host.store.done = lambda ref: (_ for _ in ()).throw(KeyError("not assigned"))  # type: ignore[method-assign]
+    event = FakeEvent({"n": 1})
+    assert run(host.handler.handle(event)) is False
+    assert not event.acked and host.dlq.sent == [] and host.crashes == []
+    assert host.handler.stats["abandoned"] == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(b"user-1", "user-1"), ("user-2", "user-2"), (None, ""), (b"\xffx", "\\xffx"), (42, "42")],
+)
+def test_record_key(raw, expected):
+    assert record_key(raw) == expected
+
+
+def test_record_input_maps_offset_partition_timestamp_headers():
+    event = FakeEvent({"n": 1}, offset=11, partition=1)
+    event.message.headers = [("trace", b"t1"), ("none", None), ("s", "v")]
+    record = record_input(event)
+    assert (record.seq, record.partition, record.timestamp) == (11, 1, 1700000000500)
+    assert record.headers == {"trace": b"t1", "s": b"v"}
+    assert record.value == {"n": 1} and record.key == "k"
+
+
+def test_durable_agent_inside_faust_test_context(tmp_path):
+    EFFECTS.clear()
+    app = faust.App("unit-faust", broker="kafka://127.0.0.1:1", store="memory://", datadir=str(tmp_path))
+    topic = app.topic("orders", value_serializer="json")
+    sink = ListSink()
+    store = InMemoryActionStateStore()
+    durable = durable_agent(app, Payments, topic=topic, app_id="pay", store=store, sink=sink)
+
+    async def main() -> None:
+        async with durable.faust_agent.test_context() as agent:
+            await agent.put({"n": 1}, key=b"c-1")
+            await agent.put({"n": 2}, key=b"c-1")
+            # put() returns once the stream took the value; wait for its actions.
+            for _ in range(200):
+                if durable.stats.get("records") == 2:
+                    break
+                await asyncio.sleep(0.01)
+
+    run(main())
+    assert sink.sent == [
+        ("c-1", [{"n": 1, "receipt": "charged-1"}]),
+        ("c-1", [{"n": 2, "receipt": "charged-2"}]),
+    ]
+    assert store.memory("c-1", 0).values == {"count": b"2"}
+    assert durable.stats["records"] == 2
