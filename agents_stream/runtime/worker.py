@@ -40,11 +40,10 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
 
-from ..app import AgentBinding, App
+from ..app import App
 from ..durable.context import ContextConfig
-from ..durable.errors import JournalDecodeError, NonDeterminismError
 from ..durable.journal import TimerEntry
-from ..durable.runner import ActionRunner, RecordInput
+from ..durable.runner import ActionRunner
 from ..errors import ConfigurationError, KafkaIOError
 from ..kafka.admin import TopicAdmin, TopicSpec, compacted
 from ..kafka.config import consumer_config, producer_config
@@ -52,6 +51,7 @@ from ..kafka.producer import AckingProducer
 from ..serde.journal import default_journal_codec
 from ..serde.values import value_codec
 from ..state.kafka import KafkaActionStateStore
+from .agent_host import AgentHost
 from .async_io import AsyncIOHost
 from .controller import ExecutionController
 from .dlq import DeadLetters
@@ -62,7 +62,6 @@ from .watermarks import WatermarkGenerator
 
 log = logging.getLogger("agents_stream.worker")
 
-FATAL = (JournalDecodeError, NonDeterminismError)
 TIMER_TICK = 0.05  # seconds between processing-time timer checks
 
 
@@ -158,7 +157,7 @@ class Worker:
                 data_dir=self.data_dir / "action-state",
                 bootstrap=self.broker,
             )
-        self._agents: dict[str, tuple[AgentBinding, ActionRunner, Any]] = {}
+        self._agents: dict[str, AgentHost] = {}
         for binding in app.agents:
             sink = None
             if binding.output:
@@ -185,7 +184,15 @@ class Worker:
                 registry_url=app.schema_registry_url,
                 subject=f"{binding.input}-value",
             )
-            self._agents[binding.input] = (binding, runner, in_codec)
+            self._agents[binding.input] = AgentHost(
+                binding,
+                runner,
+                in_codec,
+                self.dlq,
+                on_error=app.on_error,
+                stats=self.stats,
+                on_fatal=self._fail,
+            )
         self._async_ios: dict[str, AsyncIOHost] = {
             aio.input: AsyncIOHost(aio, self.producer, self.dlq) for aio in app.async_ios
         }
@@ -279,7 +286,7 @@ class Worker:
 
         if topic in self._agents:
             # All agents of an app share memory per key, so they also share key order.
-            work = lambda: self._handle_agent_record(msg, key)  # noqa: E731
+            work = partial(self._agents[topic].handle, msg, key)
             self.controller.submit(key, (topic, partition), work, done)
             ts_type, ts = msg.timestamp()
             if ts_type != TIMESTAMP_NOT_AVAILABLE:
@@ -295,66 +302,12 @@ class Worker:
                 done,
             )
 
-    async def _handle_agent_record(self, msg: Message, key: str) -> None:
-        binding, runner, in_codec = self._agents[msg.topic()]
-        try:
-            value = in_codec.decode(msg.value())
-        except Exception as exc:
-            log.warning(
-                "undecodable record %s[%d]@%d (key %r) -> %s-dlq: %s",
-                msg.topic(),
-                msg.partition(),
-                msg.offset(),
-                key,
-                msg.topic(),
-                exc,
-            )
-            self.stats["dlq"] += 1
-            await asyncio.wrap_future(self.dlq.send(msg, "decode", exc))
-            return
-        record = RecordInput(
-            key=key,
-            seq=msg.offset(),
-            value=value,
-            partition=msg.partition(),
-            timestamp=msg.timestamp()[1],
-            headers={k: v for k, v in (msg.headers() or []) if v is not None},
-        )
-        try:
-            outcome = await runner.run(record)
-        except asyncio.CancelledError:
-            raise
-        except FATAL as exc:
-            log.critical("%s; stopping the worker", exc)
-            self._fail(exc)
-            raise
-        except Exception as exc:
-            log.error(
-                "action of %s raised on %s[%d]@%d key=%r: %r",
-                binding.name,
-                msg.topic(),
-                msg.partition(),
-                msg.offset(),
-                key,
-                exc,
-                exc_info=exc,
-            )
-            if self.app.on_error == "fail":
-                self._fail(exc)
-                raise
-            self.stats["dlq"] += 1
-            await asyncio.wrap_future(self.dlq.send(msg, "action", exc))
-            return
-        self.stats["calls_executed"] += outcome.calls_executed
-        self.stats["calls_replayed"] += outcome.calls_replayed
-        self.stats["actions_skipped"] += outcome.actions_skipped
-
     def _watermark_done(self, topic: str, watermark: int) -> None:
         """Every record before this watermark has finished: event time has advanced, and
         the event-time timers of the topic's agent up to it fire."""
         self.event_time[topic] = watermark
         self.stats["watermarks"] += 1
-        binding = self._agents[topic][0]
+        binding = self._agents[topic].binding
         for timer in self.timers.due_event(binding.name, watermark):
             self._fire(topic, timer)
 
@@ -371,53 +324,20 @@ class Worker:
         """Submit a firing in the key's place in line; it does not touch offsets."""
         if (topic, timer.partition) not in self._owned:
             return
-        work = lambda: self._run_timer(topic, timer)  # noqa: E731
+        work = lambda: self._agents[topic].handle_timer(timer)  # noqa: E731
         self.controller.submit(timer.key, (topic, timer.partition), work, _ignore)
-
-    async def _run_timer(self, topic: str, timer: TimerEntry) -> None:
-        binding, runner, _ = self._agents[topic]
-        try:
-            outcome = await runner.run_timer(timer.key, timer.partition, timer.kind, timer.ts)
-        except asyncio.CancelledError:
-            raise
-        except FATAL as exc:
-            log.critical("%s; stopping the worker", exc)
-            self._fail(exc)
-            raise
-        except Exception as exc:
-            log.error(
-                "timer action of %s raised on %s timer %d of key=%r: %r",
-                binding.name,
-                timer.kind,
-                timer.ts,
-                timer.key,
-                exc,
-                exc_info=exc,
-            )
-            if self.app.on_error == "fail":
-                self._fail(exc)
-                raise
-            # Like a record sent to the DLQ: the timer is dropped, not retried forever.
-            self.stats["timer_errors"] += 1
-            assert self.store is not None
-            await asyncio.wrap_future(self.store.finish_timer(timer))
-            return
-        if outcome.timer_fired:
-            self.stats["timers_fired"] += 1
-        self.stats["calls_executed"] += outcome.calls_executed
-        self.stats["calls_replayed"] += outcome.calls_replayed
 
     def _load_timers(
         self, topic: str, partition: int, timers: list[TimerEntry], arm_at: int | None
     ) -> None:
-        name = self._agents[topic][0].name
+        name = self._agents[topic].name
         self.timers.load(name, partition, timers, armed=arm_at is None)
         if arm_at is not None:
             self._arm_at[(topic, partition)] = arm_at
 
     def _arm(self, tp: tuple[str, int]) -> None:
         self._arm_at.pop(tp, None)
-        if tp[0] in self._agents and self.timers.arm(self._agents[tp[0]][0].name, tp[1]):
+        if tp[0] in self._agents and self.timers.arm(self._agents[tp[0]].name, tp[1]):
             log.info("timers of %s[%d] armed (uncommitted input re-consumed)", *tp)
 
     def _fail(self, exc: BaseException) -> None:
@@ -481,7 +401,7 @@ class Worker:
                 if self._state_refs[tp.partition] == 0:
                     replayed += self.store.assign(tp.partition)
                 self._state_refs[tp.partition] += 1
-                name = self._agents[tp.topic][0].name
+                name = self._agents[tp.topic].name
                 timers = [t for t in self.store.timers(tp.partition) if t.agent == name]
                 arm_at = input_end(consumer, tp.topic, tp.partition)
                 assert self._loop is not None
@@ -515,7 +435,7 @@ class Worker:
             if topic in self._watermarks:
                 self._loop.call_soon_threadsafe(self._watermarks[topic].forget, partition)
             if topic in self._agents:
-                name = self._agents[topic][0].name
+                name = self._agents[topic].name
                 self._loop.call_soon_threadsafe(self.timers.drop, name, partition)
                 self._loop.call_soon_threadsafe(self._arm_at.pop, (topic, partition), None)
             host = self._async_ios.get(topic)

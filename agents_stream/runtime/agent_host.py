@@ -1,0 +1,133 @@
+"""AgentHost: one agent bound to its input topic, as the worker runs it.
+
+Per input record: decode the value (undecodable -> ``<input>-dlq``, stage ``decode``),
+run the agent's actions through the durable ActionRunner, and apply the error policy:
+
+* a journal that cannot be read or a strict-mode divergence is fatal: the worker stops
+  without committing the record, so no state is guessed;
+* any other exception escaping an action is logged with key and offset, then either the
+  record goes to ``<input>-dlq`` (stage ``action``) and processing goes on
+  (``App(on_error="dlq")``), or the worker stops (``on_error="fail"``).
+
+``handle`` returns only when the record is finished (actions done, outputs and journal
+acked, or the dead letter acked): the worker commits offsets on that signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Literal
+
+from confluent_kafka import Message
+
+from ..app import AgentBinding
+from ..durable.errors import JournalDecodeError, NonDeterminismError
+from ..durable.journal import TimerEntry
+from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
+from .dlq import DeadLetters
+
+log = logging.getLogger("agents_stream.worker")
+
+FATAL = (JournalDecodeError, NonDeterminismError)
+
+
+class AgentHost:
+    def __init__(
+        self,
+        binding: AgentBinding,
+        runner: ActionRunner,
+        input_codec: Any,
+        dlq: DeadLetters,
+        *,
+        on_error: Literal["dlq", "fail"],
+        stats: MutableMapping[str, int],
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        self.binding = binding
+        self.runner = runner
+        self._codec = input_codec
+        self._dlq = dlq
+        self._on_error = on_error
+        self._stats = stats
+        self._on_fatal = on_fatal
+
+    @property
+    def name(self) -> str:
+        return self.binding.name
+
+    async def handle(self, msg: Message, key: str) -> None:
+        try:
+            value = self._codec.decode(msg.value())
+        except Exception as exc:
+            log.warning(
+                "undecodable record %s[%d]@%d (key %r) -> %s-dlq: %s",
+                msg.topic(), msg.partition(), msg.offset(), key, msg.topic(), exc,
+            )  # fmt: skip
+            await self._dead_letter(msg, "decode", exc)
+            return
+        record = RecordInput(
+            key=key,
+            seq=msg.offset(),
+            value=value,
+            partition=msg.partition(),
+            timestamp=msg.timestamp()[1],
+            headers={k: v for k, v in (msg.headers() or []) if v is not None},
+        )
+        outcome = await self._guarded(
+            self.runner.run(record),
+            f"action of {self.name} raised on {msg.topic()}[{msg.partition()}]@{msg.offset()} "
+            f"key={key!r}",
+        )
+        if isinstance(outcome, BaseException):
+            await self._dead_letter(msg, "action", outcome)
+            return
+        self._count(outcome)
+
+    async def handle_timer(self, timer: TimerEntry) -> None:
+        """Fire one due timer: its TimerEvent actions run durably, then it is retired.
+
+        Same policy as records; a timer whose action raises is dropped (logged and
+        counted), like a record sent to the DLQ, rather than retried forever.
+        """
+        outcome = await self._guarded(
+            self.runner.run_timer(timer.key, timer.partition, timer.kind, timer.ts),
+            f"timer action of {self.name} raised on {timer.kind} timer {timer.ts} "
+            f"of key={timer.key!r}",
+        )
+        if isinstance(outcome, BaseException):
+            self._stats["timer_errors"] += 1
+            await asyncio.wrap_future(self.runner.store.finish_timer(timer))
+            return
+        if outcome.timer_fired:
+            self._stats["timers_fired"] += 1
+        self._count(outcome)
+
+    async def _guarded(
+        self, run: Awaitable[RecordOutcome], what: str
+    ) -> RecordOutcome | BaseException:
+        """Apply the error policy; an exception returned means "dead-letter or drop it"."""
+        try:
+            return await run
+        except asyncio.CancelledError:
+            raise
+        except FATAL as exc:
+            log.critical("%s; stopping the worker", exc)
+            self._on_fatal(exc)
+            raise
+        except Exception as exc:
+            log.error("%s: %r", what, exc, exc_info=exc)
+            if self._on_error == "fail":
+                self._on_fatal(exc)
+                raise
+            return exc
+
+    def _count(self, outcome: RecordOutcome) -> None:
+        self._stats["calls_executed"] += outcome.calls_executed
+        self._stats["calls_replayed"] += outcome.calls_replayed
+        self._stats["actions_skipped"] += outcome.actions_skipped
+
+    async def _dead_letter(self, msg: Message, stage: str, exc: BaseException) -> None:
+        self._stats["dlq"] += 1
+        await asyncio.wrap_future(self._dlq.send(msg, stage, exc))
