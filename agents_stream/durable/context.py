@@ -34,6 +34,7 @@ from typing import Any
 
 from ..events import Event, OutputEvent
 from ..state.base import ActionStateStore
+from .acks import acked
 from .callable import DurableCallable, RetryPolicy
 from .errors import CodeBlockViolation, DurableCallError, NonDeterminismError
 from .identity import args_digest, function_id, wants_call_id
@@ -211,7 +212,7 @@ class RunnerContext:
             target, started, attempts = call.fn, _now_ms(), 0
             if call.reconciler is not None:
                 pending = self._entry(index, call, CallStatus.PENDING, started)
-                await asyncio.wrap_future(self._append(pending))
+                await acked(self._append(pending))
         tries = 0
         while True:
             tries += 1
@@ -222,10 +223,10 @@ class RunnerContext:
                     await asyncio.sleep(call.retry.delay(tries))
                     continue
                 entry = self._failed(index, call, started, exc, attempts + tries)
-                await asyncio.wrap_future(self._append(entry))
+                await acked(self._append(entry))
                 raise
             entry = self._succeeded(index, call, started, result, attempts + tries)
-            await asyncio.wrap_future(self._append(entry))
+            await acked(self._append(entry))
             return result
 
     async def _invoke_async(self, target: Callable[..., Any], index: int, call: _Call) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import inspect
 import json
@@ -58,8 +59,20 @@ def args_digest(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
 
 def wants_call_id(fn: Callable[..., Any]) -> bool:
     """True when ``fn``'s first parameter is named ``call_id`` (it then gets the id)."""
+    func = getattr(fn, "__func__", None)  # bound method: look at the plain function
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        if func is not None:
+            return _first_param(func, skip=1) == "call_id"
+        return _first_param(fn, skip=0) == "call_id"
+    except TypeError:  # unhashable callable object: no caching
+        return _first_param.__wrapped__(fn, 0) == "call_id"
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_param(fn: Callable[..., Any], skip: int) -> str | None:
+    # Cached: inspect.signature costs more than the rest of a journaled call's setup.
+    try:
+        params = list(inspect.signature(fn).parameters.values())[skip:]
     except (TypeError, ValueError):
-        return False
-    return bool(params) and params[0].name == "call_id"
+        return None
+    return params[0].name if params else None

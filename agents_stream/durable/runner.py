@@ -44,6 +44,7 @@ from typing import Any, Protocol
 from ..agent import ActionSpec, Agent
 from ..events import Event, EventError, InputEvent, TimerEvent
 from ..state.base import ActionStateStore, all_of
+from .acks import acked
 from .context import ContextConfig, RunnerContext
 from .journal import (
     ActionDone,
@@ -152,7 +153,7 @@ class ActionRunner:
             return outcome
         first = TimerEvent(kind=kind, timestamp=ts, key=key)
         await self._process(key, timer.seq, partition, first, kind[:1], (kind, ts), outcome)
-        await asyncio.wrap_future(self.store.finish_timer(timer))
+        await acked(self.store.finish_timer(timer))
         outcome.timer_fired = True
         return outcome
 
@@ -222,7 +223,7 @@ class ActionRunner:
             memory_version=_version(snapshot) + 1 if changed else -1,
         )
         if not changed:
-            await asyncio.wrap_future(self.store.append([done], ref.partition))
+            await acked(self.store.append([done], ref.partition))
             return done
         await self._write_effects(done, base, first=[done])
         return done
@@ -235,7 +236,7 @@ class ActionRunner:
         writes, cleanups, registered = self._timer_writes(done)
         snapshot = self._next_snapshot(done, base)
         appended = self.store.append([*first, *writes, snapshot], done.ref.partition)
-        await asyncio.wrap_future(all_of([*cleanups, appended]))
+        await acked(all_of([*cleanups, appended]))
         if registered and self.on_timers is not None:
             self.on_timers(registered)
 
@@ -291,7 +292,7 @@ class ActionRunner:
         outcome.outputs.extend(values)
         if done.emitted:
             return
-        await asyncio.wrap_future(self.sink.send(done.ref.key, values, done.ref.partition))
+        await acked(self.sink.send(done.ref.key, values, done.ref.partition))
         # Not awaited: a lost marker only means the outputs may be sent once more.
         self.store.append([replace(done, emitted=True)], done.ref.partition)
 

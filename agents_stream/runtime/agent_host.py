@@ -23,6 +23,7 @@ from typing import Any, Literal
 from confluent_kafka import Message
 
 from ..app import AgentBinding
+from ..durable.acks import acked
 from ..durable.errors import JournalDecodeError, NonDeterminismError
 from ..durable.journal import TimerEntry
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
@@ -98,7 +99,7 @@ class AgentHost:
         )
         if isinstance(outcome, BaseException):
             self._stats["timer_errors"] += 1
-            await asyncio.wrap_future(self.runner.store.finish_timer(timer))
+            await acked(self.runner.store.finish_timer(timer))
             return
         if outcome.timer_fired:
             self._stats["timers_fired"] += 1
@@ -130,4 +131,4 @@ class AgentHost:
 
     async def _dead_letter(self, msg: Message, stage: str, exc: BaseException) -> None:
         self._stats["dlq"] += 1
-        await asyncio.wrap_future(self._dlq.send(msg, stage, exc))
+        await acked(self._dlq.send(msg, stage, exc))

@@ -1,0 +1,72 @@
+"""Awaiting acknowledgements from another thread, cheaply.
+
+``asyncio.wrap_future`` wakes the event loop once per future (a self-pipe write per
+journal ack). Acks arrive in bursts, one burst per producer poll, so :func:`acked`
+coalesces them: the first ack of a burst schedules one loop callback that resolves every
+ack that arrived meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from concurrent.futures import Future
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class _Waker:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._ready: list[tuple[asyncio.Future[object], Future[object]]] = []
+        self._scheduled = False
+
+    def wrap(self, fut: Future[T]) -> asyncio.Future[T]:
+        waiter: asyncio.Future[T] = self._loop.create_future()
+        if fut.done():
+            _settle(waiter, fut)
+        else:
+            fut.add_done_callback(lambda f: self._arrived(waiter, f))  # type: ignore[arg-type]
+        return waiter
+
+    def _arrived(self, waiter: asyncio.Future[object], fut: Future[object]) -> None:
+        with self._lock:
+            self._ready.append((waiter, fut))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # loop closed: nobody is waiting any more
+            pass
+
+    def _flush(self) -> None:
+        with self._lock:
+            ready, self._ready, self._scheduled = self._ready, [], False
+        for waiter, fut in ready:
+            _settle(waiter, fut)
+
+
+def _settle(waiter: asyncio.Future[object], fut: Future[object]) -> None:
+    if waiter.done():
+        return
+    exc = fut.exception()
+    if exc is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(fut.result())
+
+
+_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waker] = weakref.WeakKeyDictionary()
+
+
+def acked(fut: Future[T]) -> asyncio.Future[T]:
+    """An awaitable for ``fut`` on the running loop (resolved in per-burst batches)."""
+    loop = asyncio.get_running_loop()
+    waker = _wakers.get(loop)
+    if waker is None:
+        waker = _wakers[loop] = _Waker(loop)
+    return waker.wrap(fut)
