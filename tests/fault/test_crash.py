@@ -5,77 +5,20 @@ and counting the side effects recorded in SQLite."""
 from __future__ import annotations
 
 import time
-from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from agents_stream.testing.topics import create_topics, produce, read_topic, wait_for_records
-from tests.apps.effects import connect
+from agents_stream.testing.topics import read_topic
+from tests.fault.scenario import CrashScenario, wait_log
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
 
 APP = "tests.apps.crashy:app"
 
 
-class Crash:
-    """One crash scenario: topics, latch dir, effects DB, and worker processes."""
-
-    def __init__(self, broker, topic_factory, worker_factory, tmp_path: Path) -> None:
-        self.broker = broker
-        self.worker_factory = worker_factory
-        self.latch = tmp_path / "latch"
-        self.latch.mkdir()
-        self.db_path = tmp_path / "effects.sqlite"
-        connect(str(self.db_path)).close()
-        self.env = {
-            "AS_APP_ID": topic_factory("app"),
-            "AS_INPUT": topic_factory("in"),
-            "AS_OUTPUT": topic_factory("out"),
-            "AS_LATCH_DIR": str(self.latch),
-            "AS_EFFECTS_DB": str(self.db_path),
-        }
-        create_topics(broker.bootstrap, [self.env["AS_INPUT"]], partitions=2)
-
-    def arm(self, point: str) -> None:
-        (self.latch / f"park-{point}").write_text("")
-
-    def disarm(self, point: str) -> None:
-        (self.latch / f"park-{point}").unlink(missing_ok=True)
-
-    def wait_parked(self, point: str, worker, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not (self.latch / f"parked-{point}").exists():
-            assert worker.alive, worker.log()
-            assert time.monotonic() < deadline, f"never parked at {point}\n{worker.log()}"
-            time.sleep(0.05)
-
-    def start(self, **env: str):
-        return self.worker_factory(APP, {**self.env, **env})
-
-    def send(self, *values: dict) -> None:
-        produce(self.broker.bootstrap, self.env["AS_INPUT"], [(f"key-{v.get('n', 0)}", v) for v in values])
-
-    def outputs(self, count: int, timeout: float = 90):
-        return [r.json() for r in wait_for_records(self.broker.bootstrap, self.env["AS_OUTPUT"], count, timeout=timeout)]
-
-    def effects(self) -> Counter:
-        db = connect(str(self.db_path))
-        rows = db.execute("SELECT kind FROM effects").fetchall()
-        db.close()
-        return Counter(kind for (kind,) in rows)
-
-
-def wait_log(worker, text: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in worker.log():
-        assert worker.alive and time.monotonic() < deadline, worker.log()
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def crash(broker, topic_factory, worker_factory, tmp_path):
-    return Crash(broker, topic_factory, worker_factory, tmp_path)
+    return CrashScenario(broker, topic_factory, tmp_path, lambda env: worker_factory(APP, env))
 
 
 def test_a_acked_calls_are_not_executed_again(crash):

@@ -5,13 +5,11 @@ journaled and acked), restarted, and the side effects recorded in SQLite are cou
 from __future__ import annotations
 
 import time
-from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from agents_stream.testing.topics import create_topics, produce, read_topic, wait_for_records
-from tests.apps.effects import connect
+from agents_stream.testing.topics import read_topic, wait_for_records
+from tests.fault.scenario import CrashScenario, wait_log
 
 pytest.importorskip("faust")
 
@@ -20,65 +18,12 @@ pytestmark = [pytest.mark.broker, pytest.mark.fault]
 MODULE = "tests.faust.app"
 
 
-class Scenario:
-    def __init__(self, broker, topic_factory, faust_factory, tmp_path: Path) -> None:
-        self.broker = broker
-        self.faust_factory = faust_factory
-        self.latch = tmp_path / "latch"
-        self.latch.mkdir()
-        self.db_path = tmp_path / "effects.sqlite"
-        connect(str(self.db_path)).close()
-        self.env = {
-            "AS_BROKER": broker.url,
-            "AS_APP_ID": topic_factory("fapp"),
-            "AS_INPUT": topic_factory("in"),
-            "AS_OUTPUT": topic_factory("out"),
-            "AS_DATA_DIR": str(tmp_path / "data"),
-            "AS_LATCH_DIR": str(self.latch),
-            "AS_EFFECTS_DB": str(self.db_path),
-        }
-        create_topics(broker.bootstrap, [self.env["AS_INPUT"]], partitions=2)
-
-    def arm(self, point: str) -> None:
-        (self.latch / f"park-{point}").write_text("")
-
-    def disarm(self, point: str) -> None:
-        (self.latch / f"park-{point}").unlink(missing_ok=True)
-
-    def wait_parked(self, point: str, proc, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not (self.latch / f"parked-{point}").exists():
-            assert proc.alive, proc.log()
-            assert time.monotonic() < deadline, f"never parked at {point}\n{proc.log()}"
-            time.sleep(0.05)
-
-    def start(self, **env: str):
-        return self.faust_factory(MODULE, {**self.env, **env})
-
-    def send(self, *values: dict) -> None:
-        produce(self.broker.bootstrap, self.env["AS_INPUT"], [(f"key-{v['n']}", v) for v in values])
-
-    def outputs(self, count: int, timeout: float = 90) -> list:
-        records = wait_for_records(self.broker.bootstrap, self.env["AS_OUTPUT"], count, timeout=timeout)
-        return [r.json() for r in records]
-
-    def effects(self) -> Counter:
-        db = connect(str(self.db_path))
-        rows = db.execute("SELECT kind FROM effects").fetchall()
-        db.close()
-        return Counter(kind for (kind,) in rows)
-
-
-def wait_log(proc, text: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in proc.log():
-        assert proc.alive and time.monotonic() < deadline, proc.log()
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def scenario(broker, topic_factory, faust_factory, tmp_path):
-    return Scenario(broker, topic_factory, faust_factory, tmp_path)
+    env = {"AS_BROKER": broker.url, "AS_DATA_DIR": str(tmp_path / "data")}
+    return CrashScenario(
+        broker, topic_factory, tmp_path, lambda e: faust_factory(MODULE, e), env=env
+    )
 
 
 def test_records_run_and_outputs_keep_the_key(scenario):
