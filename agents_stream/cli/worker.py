@@ -30,13 +30,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=os.environ.get("AGENTS_STREAM_DATA_DIR"),
         help="directory of the local RocksDB caches (default: App(data_dir) or ./.agents-stream)",
     )
-    p.add_argument("--worker-id", default=None, help="id recorded in journal records (default host-pid)")
     p.add_argument(
-        "--max-in-flight", type=int, default=None,
+        "--worker-id", default=None, help="id recorded in journal records (default host-pid)"
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
         help="records in flight before partitions pause (default: App(max_in_flight)=6000)",
     )
     p.add_argument(
-        "--shutdown-timeout", type=float, default=10.0,
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
         help="seconds in-flight records may finish on shutdown or rebalance (default 10)",
     )
     p.set_defaults(func=run)

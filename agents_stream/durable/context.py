@@ -391,7 +391,9 @@ class RunnerContext:
             worker_id=self._config.worker_id,
         )
 
-    def _succeeded(self, index: int, call: _Call, started: int, value: Any, attempts: int) -> CallEntry:
+    def _succeeded(
+        self, index: int, call: _Call, started: int, value: Any, attempts: int
+    ) -> CallEntry:
         self.executed_calls += 1
         payload = self._config.codec.encode(value)
         return self._entry(
@@ -403,7 +405,12 @@ class RunnerContext:
     ) -> CallEntry:
         self.executed_calls += 1
         return self._entry(
-            index, call, CallStatus.FAILED, started, exception=exception_info(exc), attempts=attempts
+            index,
+            call,
+            CallStatus.FAILED,
+            started,
+            exception=exception_info(exc),
+            attempts=attempts,
         )
 
     def _append(self, entry: CallEntry) -> Future[None]:

@@ -206,9 +206,7 @@ class ActionRunner:
         outcome.actions_run += 1
         outcome.calls_executed += ctx.executed_calls
         outcome.calls_replayed += ctx.replayed_calls
-        memory_updates = tuple(
-            MemoryUpdate(n, v) for n, v in ctx.short_term_memory.updates.items()
-        )
+        memory_updates = tuple(MemoryUpdate(n, v) for n, v in ctx.short_term_memory.updates.items())
         timers = ctx.timers.updates
         changed = bool(memory_updates or timers)
         done = ActionDone(

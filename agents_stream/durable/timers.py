@@ -24,9 +24,7 @@ class Timers:
     is already firing and is removed when the firing completes.
     """
 
-    def __init__(
-        self, guard: Callable[[str], None], firing: tuple[str, int] | None = None
-    ) -> None:
+    def __init__(self, guard: Callable[[str], None], firing: tuple[str, int] | None = None) -> None:
         self._guard = guard
         self._firing = firing
         self._updates: dict[tuple[str, int], bool] = {}  # (kind, ts) -> deleted

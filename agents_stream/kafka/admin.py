@@ -46,7 +46,11 @@ class TopicAdmin:
             md = self.client.list_topics(timeout=self._timeout)
         except KafkaException as exc:
             raise KafkaIOError(f"cannot reach {self._bootstrap}: {exc}") from exc
-        return {t: len(md.topics[t].partitions) for t in topics if t in md.topics and md.topics[t].partitions}
+        return {
+            t: len(md.topics[t].partitions)
+            for t in topics
+            if t in md.topics and md.topics[t].partitions
+        }
 
     def ensure(self, specs: list[TopicSpec]) -> dict[str, int]:
         """Create the missing topics; return the partition count of every topic."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def consumer_config(bootstrap: str, group_id: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def consumer_config(
+    bootstrap: str, group_id: str, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "group.id": group_id,

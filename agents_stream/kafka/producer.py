@@ -118,7 +118,9 @@ class AckingProducer:
                 ack.future.set_result(None)
             else:
                 ack.future.set_exception(
-                    KafkaIOError(f"delivery to {ack.topic} failed: {ack.error}", code=ack.error.code())
+                    KafkaIOError(
+                        f"delivery to {ack.topic} failed: {ack.error}", code=ack.error.code()
+                    )
                 )
 
     def flush(self, timeout: float = 30.0) -> int:

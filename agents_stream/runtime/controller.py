@@ -37,7 +37,9 @@ class _Pending:
 
 
 class ExecutionController:
-    def __init__(self, max_in_flight: int = 6000, *, epoch_mode: EpochMode = "out_of_order") -> None:
+    def __init__(
+        self, max_in_flight: int = 6000, *, epoch_mode: EpochMode = "out_of_order"
+    ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.max_in_flight = max_in_flight
@@ -134,9 +136,7 @@ class ExecutionController:
         """Wait until every submitted record finished (buffered ones included)."""
         await self._idle.wait()
 
-    async def drain(
-        self, groups: set[Hashable] | None = None, timeout: float = 10.0
-    ) -> int:
+    async def drain(self, groups: set[Hashable] | None = None, timeout: float = 10.0) -> int:
         """Stop buffered work of ``groups`` (all when None), wait for its running work up
         to ``timeout``, then cancel the rest. Returns how many records were abandoned;
         abandoned records were not committed and replay from the journal later."""

@@ -20,8 +20,5 @@ class KafkaOutputSink:
         # The output keeps the input key; its partition follows from the key.
         raw_key = key.encode()
         return all_of(
-            [
-                self._producer.send(self._topic, self._codec.encode(v), key=raw_key)
-                for v in values
-            ]
+            [self._producer.send(self._topic, self._codec.encode(v), key=raw_key) for v in values]
         )

@@ -42,7 +42,9 @@ class TimerService:
         self._armed: set[_Slot] = set()
         self._loaded: set[_Slot] = set()
 
-    def load(self, agent: str, partition: int, timers: Iterable[TimerEntry], *, armed: bool) -> None:
+    def load(
+        self, agent: str, partition: int, timers: Iterable[TimerEntry], *, armed: bool
+    ) -> None:
         """Take over ``partition`` for ``agent`` with its journaled ``timers``."""
         self._loaded.add((agent, partition))
         if armed:
@@ -69,7 +71,9 @@ class TimerService:
             if ident in self._scheduled:
                 continue
             self._scheduled.add(ident)
-            heapq.heappush(self._heaps.setdefault((t.agent, t.partition, t.kind), []), (t.ts, t.key))
+            heapq.heappush(
+                self._heaps.setdefault((t.agent, t.partition, t.kind), []), (t.ts, t.key)
+            )
 
     def drop(self, agent: str, partition: int) -> None:
         """Forget the partition (revoked): its timers stay in the journal."""

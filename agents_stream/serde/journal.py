@@ -78,7 +78,6 @@ class JournalCodec:
         except (SerdeError, KeyError, TypeError, ValueError) as exc:
             raise _decode_error(f"{type(exc).__name__}: {exc}", key) from exc
 
-
     def check(self, key: bytes, value: bytes) -> None:
         """Cheap validation for bulk replay: known framing and writer schema.
 

@@ -82,9 +82,7 @@ class ActionStateStore(ABC):
         """Every live timer of ``partition`` (loaded by hosts when they take it over)."""
 
     @abstractmethod
-    def append(
-        self, entries: Sequence[JournalEntry | Tombstone], partition: int
-    ) -> Future[None]:
+    def append(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> Future[None]:
         """Append entries (a :class:`Tombstone` deletes) in order; the future resolves
         once all are durable. Order holds on the log: a durable entry implies every
         earlier one of the same call is durable."""

@@ -178,9 +178,7 @@ class KafkaActionStateStore(ActionStateStore):
         return out
 
     # -- writes -------------------------------------------------------------------------
-    def append(
-        self, entries: Sequence[JournalEntry | Tombstone], partition: int
-    ) -> Future[None]:
+    def append(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> Future[None]:
         futures = [
             self._producer.send(
                 self.topic,

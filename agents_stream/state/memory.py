@@ -56,9 +56,7 @@ class InMemoryActionStateStore(ActionStateStore):
                 if isinstance(e, TimerEntry) and e.partition == partition
             ]
 
-    def append(
-        self, entries: Sequence[JournalEntry | Tombstone], partition: int
-    ) -> Future[None]:
+    def append(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> Future[None]:
         with self._lock:
             for entry in entries:
                 if isinstance(entry, Tombstone):

@@ -50,7 +50,11 @@ class EmbeddedBroker:
     """
 
     def __init__(
-        self, port: int | None = None, *, log_file: str | Path | None = None, host: str = "127.0.0.1"
+        self,
+        port: int | None = None,
+        *,
+        log_file: str | Path | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.host = host
         self.port = port or free_port()

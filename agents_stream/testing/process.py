@@ -23,8 +23,17 @@ class WorkerProcess:
         cwd: str | Path | None = None,
     ) -> None:
         self.cmd = [
-            sys.executable, "-m", "agents_stream", "worker", "-A", app,
-            "--broker", broker, "--data-dir", str(data_dir), *(extra_args or []),
+            sys.executable,
+            "-m",
+            "agents_stream",
+            "worker",
+            "-A",
+            app,
+            "--broker",
+            broker,
+            "--data-dir",
+            str(data_dir),
+            *(extra_args or []),
         ]
         self.env = {**os.environ, **(env or {})}
         self.log_file = Path(log_file)
@@ -68,7 +77,10 @@ class WorkerProcess:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if self.alive:
             self.terminate(10)

@@ -41,7 +41,12 @@ def produce(
 ) -> int:
     """Produce (key, value) pairs; values are JSON-encoded unless ``raw``. Returns count."""
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 5, "partitioner": "murmur2_random", "log_level": 3}
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "partitioner": "murmur2_random",
+            "log_level": 3,
+        }
     )
     n = 0
     for key, value in records:
@@ -60,7 +65,9 @@ def produce(
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 10.0) -> list[Record]:
     """Every record of ``topic`` up to each partition's end (learned from the fetch)."""
-    md = Consumer({"bootstrap.servers": bootstrap, "group.id": "md"}).list_topics(topic, timeout=timeout)
+    md = Consumer({"bootstrap.servers": bootstrap, "group.id": "md"}).list_topics(
+        topic, timeout=timeout
+    )
     parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
     if not parts:
         return []
@@ -81,8 +88,11 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 10.0) -> list[Rec
                 key = msg.key()
                 out.append(
                     Record(
-                        msg.topic(), msg.partition(), msg.offset(),
-                        None if key is None else key.decode(), msg.value(),
+                        msg.topic(),
+                        msg.partition(),
+                        msg.offset(),
+                        None if key is None else key.decode(),
+                        msg.value(),
                         {k: v for k, v in (msg.headers() or [])},
                     )
                 )
