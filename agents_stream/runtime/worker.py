@@ -471,6 +471,8 @@ class Worker:
             self.store.close()
         self._kafka.shutdown(wait=False)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.stats:
+            self.stats["peak_in_flight"] = self.controller.peak_in_flight
         log.info(
             "stopped (%d abandoned): %s",
             abandoned,

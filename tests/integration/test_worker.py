@@ -94,3 +94,15 @@ def test_malformed_input_goes_to_dlq_and_processing_continues(broker, topic_fact
     time.sleep(8)
     assert len(read_topic(broker.bootstrap, env["AS_OUTPUT"])) == 2, again.log()
     assert len(read_topic(broker.bootstrap, f"{inp}-dlq")) == 3
+
+
+def test_in_flight_limit_pauses_and_resumes_without_losing_records(broker, topic_factory, worker_factory):
+    env = env_for(topic_factory)
+    create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=2)
+    keys = [f"k{i}" for i in range(40)]  # all different: only the limit bounds concurrency
+    produce(broker.bootstrap, env["AS_INPUT"], [(k, {"n": 0}) for k in keys])
+    worker = worker_factory("tests.apps.ordering:app", env, extra_args=["--max-in-flight", "3"])
+    records = wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 40, timeout=90)
+    assert {r.json()["key"] for r in records} == set(keys)
+    assert worker.terminate() == 0
+    assert "peak_in_flight=3," in worker.log(), worker.log()
