@@ -74,3 +74,8 @@ class NonDeterminismError(DurableError):
         )
         self.key, self.seq, self.action, self.index = key, seq, action, index
         self.expected, self.recorded = expected, recorded
+
+
+# Errors no host may skip past: the journal cannot be trusted (or, in strict mode, no
+# longer matches the code), so the record stays uncommitted and the host stops.
+FATAL_ERRORS: tuple[type[DurableError], ...] = (JournalDecodeError, NonDeterminismError)

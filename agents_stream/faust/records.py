@@ -28,12 +28,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, Literal, Protocol
 
-from ..durable.errors import JournalDecodeError, NonDeterminismError
+from ..durable.errors import FATAL_ERRORS as FATAL
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 
 log = logging.getLogger("agents_stream.faust")
-
-FATAL = (JournalDecodeError, NonDeterminismError)
 
 OnError = Literal["dlq", "fail"]
 

@@ -24,14 +24,12 @@ from confluent_kafka import Message
 
 from ..app import AgentBinding
 from ..durable.acks import acked
-from ..durable.errors import JournalDecodeError, NonDeterminismError
+from ..durable.errors import FATAL_ERRORS as FATAL
 from ..durable.journal import TimerEntry
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from .dlq import DeadLetters
 
 log = logging.getLogger("agents_stream.worker")
-
-FATAL = (JournalDecodeError, NonDeterminismError)
 
 
 class AgentHost:
