@@ -175,12 +175,13 @@ class ActionRunner:
                 ref = ActionRef(key, seq, f"{spec.name}#{tag}{ordinal}", partition)
                 ordinal += 1
                 done = self.store.done(ref)
+                outputs: list[Any] | None = None
                 if done is None:
-                    done = await self._run_action(spec, event, ref, outcome, firing)
+                    done, outputs = await self._run_action(spec, event, ref, outcome, firing)
                 else:
                     outcome.actions_skipped += 1
                     await self._apply_effects_once(done)
-                await self._emit_once(done, outcome)
+                await self._emit_once(done, outcome, outputs)
                 queue.extend(self._rebuild_events(done))
 
     async def _run_action(
@@ -190,7 +191,8 @@ class ActionRunner:
         ref: ActionRef,
         outcome: RecordOutcome,
         firing: tuple[str, int] | None,
-    ) -> ActionDone:
+    ) -> tuple[ActionDone, list[Any]]:
+        """Run one action; returns its completion record (acked) and its output values."""
         snapshot = self.store.memory(ref.key, ref.partition)
         base = dict(snapshot.values) if snapshot else {}
         ctx = RunnerContext(ref, self.store, self.config, base, firing=firing)
@@ -222,9 +224,9 @@ class ActionRunner:
         )
         if not changed:
             await acked(self.store.append([done], ref.partition))
-            return done
-        await self._write_effects(done, base, first=[done])
-        return done
+        else:
+            await self._write_effects(done, base, first=[done])
+        return done, ctx.outputs
 
     async def _write_effects(
         self, done: ActionDone, base: dict[str, bytes], *, first: list[JournalEntry]
@@ -285,8 +287,12 @@ class ActionRunner:
         base = dict(snapshot.values) if snapshot else {}
         await self._write_effects(done, base, first=[])
 
-    async def _emit_once(self, done: ActionDone, outcome: RecordOutcome) -> None:
-        values = [self.config.codec.decode(v) for v in done.outputs]
+    async def _emit_once(
+        self, done: ActionDone, outcome: RecordOutcome, values: list[Any] | None
+    ) -> None:
+        """Send ``done``'s outputs unless marked emitted (``values``: already decoded)."""
+        if values is None:
+            values = [self.config.codec.decode(v) for v in done.outputs]
         outcome.outputs.extend(values)
         if done.emitted:
             return
