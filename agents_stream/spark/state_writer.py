@@ -14,19 +14,22 @@ success has durable records.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import Future, wait
 from types import TracebackType
-
-from confluent_kafka import KafkaError, Message, Producer
 
 from ..durable.journal import JournalEntry
 from ..errors import KafkaIOError
 from ..kafka.config import producer_config
+from ..kafka.producer import AckingProducer
 from ..serde.journal import JournalCodec, default_journal_codec
 from ..state.keys import entry_key_bytes
 
 
 class ActionStateWriter:
     """Writes entries to one ActionState topic; use as a context manager.
+
+    Built on the worker's :class:`~agents_stream.kafka.producer.AckingProducer`, so the
+    records, their ordering and their acknowledgement are exactly the worker's.
 
     Args:
         bootstrap: bootstrap servers.
@@ -38,33 +41,18 @@ class ActionStateWriter:
         self.bootstrap = bootstrap
         self.topic = topic
         self.codec = codec or default_journal_codec(None, topic)
-        self._producer: Producer | None = None
-        self._errors: list[str] = []
+        self._producer: AckingProducer | None = None
+        self._acks: list[Future[None]] = []
         self.written = 0
 
     @property
-    def producer(self) -> Producer:
+    def producer(self) -> AckingProducer:
         if self._producer is None:
-            self._producer = Producer(producer_config(self.bootstrap, {"linger.ms": 20}))
+            self._producer = AckingProducer(producer_config(self.bootstrap, {"linger.ms": 20}))
         return self._producer
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self._errors.append(f"{msg.topic()}[{msg.partition()}] key={msg.key()!r}: {err}")
-
     def _send(self, key: bytes, value: bytes | None, partition: int) -> None:
-        while True:
-            try:
-                self.producer.produce(
-                    self.topic,
-                    value=value,
-                    key=key,
-                    partition=partition,
-                    on_delivery=self._on_delivery,
-                )
-                break
-            except BufferError:
-                self.producer.poll(0.1)
+        self._acks.append(self.producer.send(self.topic, value, key=key, partition=partition))
         self.written += 1
 
     def write(self, entries: Iterable[tuple[int, JournalEntry]]) -> None:
@@ -83,11 +71,22 @@ class ActionStateWriter:
         Raises:
             KafkaIOError: a record was not acknowledged (named in the message).
         """
-        if self._producer is not None and self._producer.flush(timeout) != 0:
-            raise KafkaIOError(f"{self.topic}: records still unacknowledged after {timeout}s")
-        if self._errors:
-            raise KafkaIOError(f"{len(self._errors)} records failed: {self._errors[:3]}")
+        acks, self._acks = self._acks, []
+        if self._producer is not None:
+            self._producer.flush(timeout)
+        done, pending = wait(acks, timeout=timeout)
+        if pending:
+            raise KafkaIOError(
+                f"{self.topic}: {len(pending)} records unacknowledged after {timeout}s"
+            )
+        errors = [str(f.exception()) for f in done if f.exception() is not None]
+        if errors:
+            raise KafkaIOError(f"{len(errors)} records failed: {errors[:3]}")
         return self.written
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(5)
 
     def __enter__(self) -> ActionStateWriter:
         return self
@@ -98,7 +97,8 @@ class ActionStateWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None:
-            self.flush()
-        elif self._producer is not None:
-            self._producer.flush(5)
+        try:
+            if exc_type is None:
+                self.flush()
+        finally:
+            self.close()
