@@ -19,6 +19,7 @@ from agents_stream.durable.journal import (
     CallEntry,
     CallStatus,
     ExceptionInfo,
+    InputProgress,
     JournalEntry,
     MemorySnapshot,
     MemoryUpdate,
@@ -33,6 +34,7 @@ from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "golden" / JOURNAL_RECORD_TYPE
 REF = ActionRef("user-1", 42, "Scoring.process#1", partition=3)
+TOPIC_REF = ActionRef("user-1", 43, "Scoring.process#0", partition=3, topic="user-events")
 ERROR = ExceptionInfo("payments.CardDeclined", "card declined", "Traceback (most recent...)")
 
 # (name, first version able to write it, entry). Each case is written by every version
@@ -97,6 +99,18 @@ CASES: list[tuple[str, int, JournalEntry]] = [
         4,
         MemorySnapshot("user-1", {"score": b"0.5"}, 42, 1, 3, version=7),
     ),
+    (
+        "call-topic",
+        5,
+        CallEntry(TOPIC_REF, 0, "scoring.fetch", "e5", CallStatus.SUCCEEDED, b'{"v":2}'),
+    ),
+    (
+        "action-done-topic",
+        5,
+        ActionDone(TOPIC_REF, (MemoryUpdate("score", b"0.7"),), calls=1, memory_version=8),
+    ),
+    ("truncation-topic", 5, Truncation(TOPIC_REF, 0, "s.b", "x", "s.a", "y", 1, 1_700_000_001_000)),
+    ("input-progress", 5, InputProgress("user-events", 3, 1234, 1_700_000_002_000, "worker-7")),
 ]
 
 

@@ -53,6 +53,7 @@ class ActionRef:
     seq: int
     action: str
     partition: int = 0
+    topic: str = ""  # input topic; "" only for entries written before v5 (see state.keys)
 
     def call_id(self, app_id: str, index: int) -> str:
         """Stable idempotency key of call ``index`` (same after any number of replays)."""
@@ -66,6 +67,7 @@ class ExceptionInfo:
     type: str  # "module.QualName"
     message: str
     traceback: str = ""
+    args: bytes | None = None  # exc.args in the journal value encoding; None before v5
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,24 @@ class Truncation:
     at_ms: int = 0
 
 
-JournalEntry = CallEntry | ActionDone | MemorySnapshot | Truncation | TimerEntry
+@dataclass(frozen=True)
+class InputProgress:
+    """Completed-through marker of one input partition (schema v5).
+
+    Every input record of ``topic``/``partition`` below ``offset`` finished: all its
+    actions completed and their outputs are durable. Unlike committed consumer offsets it
+    lives in the compacted journal, so it survives pruning and consumer-group offset
+    resets, and every host (worker, Faust, Spark backfill and audit) reads the same one.
+    """
+
+    topic: str
+    partition: int
+    offset: int  # exclusive
+    at_ms: int = 0
+    worker_id: str = ""
+
+
+JournalEntry = CallEntry | ActionDone | MemorySnapshot | Truncation | TimerEntry | InputProgress
 
 
 def firing_seq(ts: int) -> int:
@@ -203,6 +222,10 @@ def action_ordinal(action: str) -> int:
     return int(ordinal) if ordinal.isdigit() else 0
 
 
+def progress_identity(topic: str, partition: int) -> tuple[Any, ...]:
+    return ("p", topic, partition)
+
+
 def timer_identity(key: str, kind: str, ts: int, agent: str) -> tuple[Any, ...]:
     return ("r", key, kind, ts, agent)
 
@@ -213,6 +236,8 @@ def entry_key(entry: JournalEntry | Tombstone) -> tuple[Any, ...]:
         return entry.identity
     if isinstance(entry, TimerEntry):
         return timer_identity(entry.key, entry.kind, entry.ts, entry.agent)
+    if isinstance(entry, InputProgress):
+        return progress_identity(entry.topic, entry.partition)
     if isinstance(entry, CallEntry):
         return ("c", entry.ref.key, entry.ref.seq, entry.ref.action, entry.index)
     if isinstance(entry, ActionDone):

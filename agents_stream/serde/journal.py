@@ -23,6 +23,7 @@ from ..durable.journal import (
     CallEntry,
     CallStatus,
     ExceptionInfo,
+    InputProgress,
     JournalEntry,
     MemorySnapshot,
     MemoryUpdate,
@@ -44,6 +45,7 @@ DONE = _NS + "ActionDone"
 SNAPSHOT = _NS + "MemorySnapshot"
 TRUNCATION = _NS + "Truncation"
 TIMER = _NS + "Timer"
+PROGRESS = _NS + "InputProgress"
 
 
 class JournalCodec:
@@ -147,7 +149,12 @@ def to_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:
             "result": entry.result,
             "exception": None
             if exc is None
-            else {"type": exc.type, "message": exc.message, "traceback": exc.traceback},
+            else {
+                "type": exc.type,
+                "message": exc.message,
+                "traceback": exc.traceback,
+                "args": exc.args,
+            },
             "call_id": entry.call_id,
             "started_ms": entry.started_ms,
             "finished_ms": entry.finished_ms,
@@ -183,6 +190,14 @@ def to_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:
             "ts": entry.ts,
             "agent": entry.agent,
         }
+    if isinstance(entry, InputProgress):
+        return PROGRESS, {
+            "topic": entry.topic,
+            "partition": entry.partition,
+            "offset": entry.offset,
+            "at_ms": entry.at_ms,
+            "worker_id": entry.worker_id,
+        }
     if isinstance(entry, Truncation):
         return TRUNCATION, {
             **_ref(entry.ref),
@@ -211,7 +226,9 @@ def from_datum(name: str, d: dict[str, Any]) -> JournalEntry:
             args_digest=d["args_digest"],
             status=CallStatus(status),
             result=d["result"],
-            exception=None if exc is None else ExceptionInfo(**exc),
+            exception=None
+            if exc is None
+            else ExceptionInfo(exc["type"], exc["message"], exc["traceback"], exc.get("args")),
             call_id=d["call_id"],
             started_ms=d["started_ms"],
             finished_ms=d["finished_ms"],
@@ -245,6 +262,14 @@ def from_datum(name: str, d: dict[str, Any]) -> JournalEntry:
         return TimerEntry(
             key=d["key"], kind=d["kind"], ts=d["ts"], agent=d["agent"], partition=d["partition"]
         )
+    if name == PROGRESS:
+        return InputProgress(
+            topic=d["topic"],
+            partition=d["partition"],
+            offset=d["offset"],
+            at_ms=d["at_ms"],
+            worker_id=d["worker_id"],
+        )
     if name == TRUNCATION:
         return Truncation(
             ref=_ref_of(d),
@@ -260,8 +285,14 @@ def from_datum(name: str, d: dict[str, Any]) -> JournalEntry:
 
 
 def _ref(ref: ActionRef) -> dict[str, Any]:
-    return {"key": ref.key, "seq": ref.seq, "action": ref.action, "partition": ref.partition}
+    return {
+        "key": ref.key,
+        "seq": ref.seq,
+        "action": ref.action,
+        "partition": ref.partition,
+        "topic": ref.topic,
+    }
 
 
 def _ref_of(d: dict[str, Any]) -> ActionRef:
-    return ActionRef(d["key"], d["seq"], d["action"], d["partition"])
+    return ActionRef(d["key"], d["seq"], d["action"], d["partition"], d.get("topic", ""))

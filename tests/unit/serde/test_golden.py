@@ -122,3 +122,17 @@ def test_pre_v4_records_have_no_timers_or_versions(version):
     done = decode(f"v{version}-action-done.bin")
     assert done.timers == () and done.memory_version == -1
     assert decode(f"v{version}-memory-snapshot.bin").version == -1
+
+
+def test_v5_topic_identity_and_progress_marker():
+    from agents_stream.durable.journal import InputProgress
+
+    topic_ref = ActionRef("user-1", 43, "Scoring.process#0", partition=3, topic="user-events")
+    assert decode("v5-call-topic.bin").ref == topic_ref
+    assert decode("v5-action-done-topic.bin").ref == topic_ref
+    assert decode("v5-truncation-topic.bin").ref == topic_ref
+    assert decode("v5-input-progress.bin") == InputProgress(
+        "user-events", 3, 1234, 1_700_000_002_000, "worker-7"
+    )
+    # entries written before v5 carry no topic: the store maps them to the binding's topic
+    assert decode("v4-call-audited.bin").ref.topic == ""
