@@ -25,7 +25,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 QUICK_ENV = "AGENTS_STREAM_BENCH_QUICK"  # mirrors bench/common.py, which needs the package
-ORDER = ["bench_serde", "bench_aio", "bench_journal", "bench_rebuild", "bench_spark_source"]
+ORDER = [
+    "bench_serde",
+    "bench_aio",
+    "bench_e2e",
+    "bench_journal",
+    "bench_rebuild",
+    "bench_spark_source",
+]
 
 
 def discover(only: list[str] | None) -> list[Path]:

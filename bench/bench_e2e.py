@@ -1,0 +1,254 @@
+"""End to end: events/s of agents_stream workers vs raw loops, Quix Streams, Bytewax, Faust.
+
+Every system drains the same backlog (``--records`` JSON records, 1,000 keys, 4
+partitions, produced before it starts) from its own copy of the input topic into its own
+output topic, on one embedded broker, in one run. The rate is outputs / span of the output
+records' timestamps, so group joins and process start-up do not count; ``ratio`` is
+against the raw confluent-kafka consume->produce loop of the same run, and for journaled
+agents_stream rows also against the raw journal-before-output loop (``vs journal``).
+
+A system that cannot run here (peer not installed, crashed) is reported with its error and
+the run goes on. Peers install with ``pip install -e '.[bench]'`` (``make bench`` does).
+
+Run: ``.venv/bin/python bench/bench_e2e.py [--records 50000] [--only raw,agents] [--quick]``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import create_topic, parser, table
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from agents_stream.kafka.admin import TopicAdmin, TopicSpec
+from agents_stream.testing import EmbeddedBroker
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ROOT / "bench" / "e2e" / "systems.py"
+PARTITIONS = 4
+KEYS = 1000
+
+
+@dataclass
+class Variant:
+    name: str
+    system: str  # a systems.py name, or "agents"
+    env: dict[str, str] = field(default_factory=dict)
+    processes: int = 1
+    journaled: bool = False
+
+
+VARIANTS = [
+    Variant("raw confluent-kafka consume->produce loop", "raw"),
+    Variant("raw journal-before-output loop", "raw-journal", journaled=True),
+    Variant("Quix Streams, stateless", "quix"),
+    Variant("Quix Streams, one RocksDB state write per record", "quix-state"),
+    Variant("Bytewax, stateless", "bytewax"),
+    Variant("Bytewax, keyed state + recovery snapshots 1 s", "bytewax-state"),
+    Variant("faust-streaming, plain agent", "faust"),
+    Variant("faust-streaming, table update", "faust-table"),
+    Variant("agents_stream, sync, 0 calls", "agents", {"AS_BENCH_CALLS": "0"}),
+    Variant(
+        "agents_stream, sync, 1 ctx.execute", "agents", {"AS_BENCH_CALLS": "1"}, journaled=True
+    ),
+    Variant(
+        "agents_stream, sync, 3 ctx.execute", "agents", {"AS_BENCH_CALLS": "3"}, journaled=True
+    ),
+    Variant(
+        "agents_stream, async, 1 ctx.execute_async",
+        "agents",
+        {"AS_BENCH_CALLS": "1", "AS_BENCH_KIND": "async"},
+        journaled=True,
+    ),
+    Variant(
+        "agents_stream, async, 3 ctx.execute_async",
+        "agents",
+        {"AS_BENCH_CALLS": "3", "AS_BENCH_KIND": "async"},
+        journaled=True,
+    ),
+    Variant(
+        "agents_stream, sync, 1 call, two processes",
+        "agents",
+        {"AS_BENCH_CALLS": "1"},
+        processes=2,
+        journaled=True,
+    ),
+]
+
+
+def fill(bootstrap: str, topic: str, records: int) -> None:
+    # An explicit retention: Quix sizes its changelog topics from the input's.
+    TopicAdmin(bootstrap).ensure([TopicSpec(topic, PARTITIONS, {"retention.ms": "86400000"})])
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 3})
+    for i in range(records):
+        key = f"k{i % KEYS}".encode()
+        value = json.dumps({"id": i, "user": key.decode(), "amount": i % 97 + 0.5}).encode()
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(60)
+
+
+def start(
+    variant: Variant, bootstrap: str, topic_in: str, topic_out: str, tmp: Path
+) -> list[subprocess.Popen[bytes]]:
+    py = sys.executable
+    procs = []
+    for n in range(variant.processes):
+        log = open(tmp / f"{variant.system}-{n}.log", "wb")  # noqa: SIM115 - lives with the process
+        if variant.system == "agents":
+            app_id = f"bench-{topic_in}"
+            env = {
+                **os.environ,
+                **variant.env,
+                "AS_BENCH_APP": app_id,
+                "AS_BENCH_INPUT": topic_in,
+                "AS_BENCH_OUTPUT": topic_out,
+                "PYTHONPATH": str(ROOT),
+            }
+            cmd = [
+                py, "-m", "agents_stream", "worker", "-A", "bench.e2e.as_app:app",
+                "--broker", f"kafka://{bootstrap}", "--data-dir", str(tmp / f"data-{n}"),
+                "-l", "warning",
+            ]  # fmt: skip
+        else:
+            env = dict(os.environ)
+            state_topic = f"{topic_in}-journal"
+            if variant.system == "raw-journal":
+                create_topic(bootstrap, state_topic, PARTITIONS, compact=True)
+            cmd = [
+                py, str(SYSTEMS), variant.system, "--bootstrap", bootstrap,
+                "--input", topic_in, "--output", topic_out, "--state-topic", state_topic,
+            ]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp))
+    return procs
+
+
+def collect(
+    bootstrap: str, topic: str, expected: int, procs: list[subprocess.Popen[bytes]], timeout: float
+) -> tuple[int, float, str]:
+    """Count outputs until ``expected`` arrived (or no progress / a process died)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-reader-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "log_level": 3,
+        }
+    )
+    stamps: list[int] = []
+    deadline = time.monotonic() + timeout
+    last_progress = time.monotonic()
+    assigned = False
+    error = ""
+    try:
+        while len(stamps) < expected and time.monotonic() < deadline:
+            if not assigned:
+                meta = consumer.list_topics(topic, timeout=5).topics.get(topic)
+                if meta is not None and meta.partitions:
+                    consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+                    assigned = True
+                else:
+                    time.sleep(0.5)
+                    continue
+            batch = consumer.consume(5000, 0.5)
+            got = [m.timestamp()[1] for m in batch if not m.error()]
+            if got:
+                stamps += got
+                last_progress = time.monotonic()
+            elif stamps and time.monotonic() - last_progress > 30:
+                error = f"stalled at {len(stamps)}/{expected}"
+                break
+            dead = [p for p in procs if p.poll() is not None]
+            if dead and not got:
+                error = f"exited with {dead[0].returncode} at {len(stamps)}/{expected}"
+                break
+        else:
+            if len(stamps) < expected:
+                error = f"timeout at {len(stamps)}/{expected}"
+    finally:
+        consumer.close()
+    if len(stamps) < 2:
+        return len(stamps), 0.0, error or "no output"
+    span = (max(stamps) - min(stamps)) / 1000
+    return len(stamps), len(stamps) / max(span, 1e-3), error
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def main() -> int:
+    p = parser(__doc__)
+    p.add_argument("--records", type=int, default=0, help="backlog size (default 50k, quick 20k)")
+    p.add_argument("--only", default="", help="comma-separated substrings of variant names")
+    p.add_argument("--timeout", type=float, default=240, help="seconds per system")
+    args = p.parse_args()
+    records = args.records or (20_000 if args.quick else 50_000)
+    wanted = [w.strip().lower() for w in args.only.split(",") if w.strip()]
+    variants = [
+        v
+        for v in VARIANTS
+        if not wanted or any(w in f"{v.name} {v.system}".lower() for w in wanted)
+    ]
+    rows: list[tuple[str, float, str]] = []
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        for i, variant in enumerate(variants):
+            topic_in, topic_out = f"e2e-{i}-in", f"e2e-{i}-out"
+            fill(broker.bootstrap, topic_in, records)
+            create_topic(broker.bootstrap, topic_out, PARTITIONS)
+            procs = start(variant, broker.bootstrap, topic_in, topic_out, tmp)
+            try:
+                _count, rate, error = collect(
+                    broker.bootstrap, topic_out, records, procs, args.timeout
+                )
+            finally:
+                stop(procs)
+            if error:
+                tail = b"".join(
+                    (tmp / f"{variant.system}-{n}.log").read_bytes()[-400:]
+                    for n in range(variant.processes)
+                )
+                error += " | " + tail.decode(errors="replace").strip().replace("\n", " / ")[-300:]
+            rows.append((variant.name, rate, error))
+            print(f"  {variant.name}: {rate:,.0f} events/s {error}", file=sys.stderr, flush=True)
+    rates = {name: rate for name, rate, _ in rows}
+    raw = rates.get(VARIANTS[0].name) or 0.0
+    journal = rates.get(VARIANTS[1].name) or 0.0
+    journaled = {v.name for v in VARIANTS if v.journaled and v.system == "agents"}
+    single = rates.get("agents_stream, sync, 1 ctx.execute") or 0.0
+    out = []
+    for name, rate, error in rows:
+        vs_raw = rate / raw if raw else 0.0
+        vs_journal = f"{rate / journal:.3f}" if journal and name in journaled else ""
+        note = error[:60]
+        if name.endswith("two processes") and single:
+            note = f"{rate / single:.2f}x one process " + note
+        out.append((name, rate, f"{vs_raw:.3f}", vs_journal, note))
+    print(f"{records:,} records, {KEYS:,} keys, {PARTITIONS} partitions; one embedded broker")
+    print(table(["system", "events/s", "vs raw loop", "vs journal", "note"], out))
+    return 0 if all(not e for _, _, e in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The agents_stream side of the end-to-end bench, configured by environment variables.
+
+``AS_BENCH_APP`` (app id), ``AS_BENCH_INPUT``/``AS_BENCH_OUTPUT`` (topics),
+``AS_BENCH_CALLS`` (journaled calls per record), ``AS_BENCH_KIND`` (``sync`` or
+``async`` action). Run with ``agents-stream worker -A bench.e2e.as_app:app``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agents_stream import Agent, App, InputEvent, OutputEvent, RunnerContext, action
+
+CALLS = int(os.environ.get("AS_BENCH_CALLS", "1"))
+KIND = os.environ.get("AS_BENCH_KIND", "sync")
+
+
+def lookup(value: Any, n: int) -> int:
+    return n + 1
+
+
+async def lookup_async(value: Any, n: int) -> int:
+    return n + 1
+
+
+class SyncBench(Agent):
+    @action(InputEvent)
+    @staticmethod
+    def process(event: InputEvent, ctx: RunnerContext) -> None:
+        n = 0
+        for _ in range(CALLS):
+            n = ctx.execute(lookup, event.key, n)
+        ctx.send_event(OutputEvent(output={**event.input, "seen": True, "n": n}))
+
+
+class AsyncBench(Agent):
+    @action(InputEvent)
+    @staticmethod
+    async def process(event: InputEvent, ctx: RunnerContext) -> None:
+        n = 0
+        for _ in range(CALLS):
+            n = await ctx.execute_async(lookup_async, event.key, n)
+        ctx.send_event(OutputEvent(output={**event.input, "seen": True, "n": n}))
+
+
+app = App(os.environ.get("AS_BENCH_APP", "bench-e2e"))
+app.agent(
+    SyncBench if KIND == "sync" else AsyncBench,
+    input=os.environ.get("AS_BENCH_INPUT", "bench-in"),
+    output=os.environ.get("AS_BENCH_OUTPUT", "bench-out"),
+)
