@@ -40,7 +40,7 @@ async def run_bridged(fn: Callable[..., T], *args: Any) -> T:
     while not child.dead:
         try:
             value = await step
-        except BaseException as exc:  # noqa: BLE001 - delivered into the action
+        except BaseException as exc:  # delivered into the action, which may handle it
             step = child.throw(exc)
         else:
             step = child.switch(value)
