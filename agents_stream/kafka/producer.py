@@ -49,6 +49,10 @@ class AckingProducer:
 
     @property
     def producer(self) -> Producer:
+        # Hot path (every send): no lock once built; the lock only guards the first build.
+        built = self._producer
+        if built is not None:
+            return built
         with self._lock:
             if self._producer is None:
                 self._producer = Producer(self._config)
