@@ -2,16 +2,25 @@
 
 Slot protocol (one slot per ``execute*`` call, index assigned when the call *starts*):
 
+0. When the call is made, before anything is journaled or run: the arguments must bind
+   to the function's signature (else TypeError, the caller's bug), the reconciler must
+   take no arguments or the call's own, and every argument must be in the journaled
+   value domain (:mod:`.values`), whose canonical encoding is the args digest.
 1. Look up the journaled slot at this index. If its function id or args digest differ
-   from this call, the action diverged: drop this slot and all later ones (tombstones
-   plus a Truncation record, acked), warn, and continue as if nothing was journaled.
-   Strict mode raises :class:`NonDeterminismError` instead.
+   from this call, the action diverged: drop this slot and every later one not yet
+   resolved by this run (tombstones plus a Truncation record, acked), warn, and continue
+   as if nothing was journaled. Slots this run already replayed or wrote stay: their
+   outcome reached the action (or ran a side effect), so dropping them would run them
+   again after a crash. Strict mode raises :class:`NonDeterminismError` instead.
 2. SUCCEEDED -> return the stored result. FAILED -> raise an equivalent exception.
    PENDING with a reconciler -> run the reconciler (never the function) and journal its
    outcome in the same slot. PENDING without a reconciler -> execute again.
 3. Nothing journaled: for reconcilable calls journal PENDING and wait for the ack
    *before* the function starts; run the function (with retries); journal the terminal
-   outcome and wait for its ack before returning to the action.
+   outcome and wait for its ack before returning to the action. A result that cannot
+   be journaled (outside the value domain, or over ``max_entry_bytes``) is journaled
+   as a failure with that library error, so a replay neither re-runs the call nor
+   returns anything else.
 
 Nothing a code block returns reaches the action before it is durable, so a crash at any
 point either replays the outcome or (PENDING) reconciles it.
@@ -30,18 +39,44 @@ import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..events import Event, OutputEvent
-from ..state.base import ActionStateStore
 from .acks import acked
 from .callable import DurableCallable, RetryPolicy
-from .errors import CodeBlockViolation, DurableCallError, NonDeterminismError
-from .identity import args_digest, function_id, wants_call_id
-from .journal import ActionRef, CallEntry, CallStatus, ExceptionInfo, Truncation
+from .errors import (
+    CodeBlockViolation,
+    DurableCallError,
+    JournalDecodeError,
+    NonDeterminismError,
+    PayloadError,
+    ResultTooLargeError,
+    UnsupportedValueError,
+)
+from .identity import (
+    LEGACY_DIGEST_LEN,
+    CallShape,
+    args_digest,
+    call_shape,
+    function_id,
+    legacy_args_digest,
+)
+from .journal import (
+    ActionRef,
+    CallEntry,
+    CallStatus,
+    ExceptionInfo,
+    Tombstone,
+    Truncation,
+    entry_key,
+)
 from .memory import ShortTermMemory
-from .payload import PayloadCodec
+from .payload import PayloadCodec, encode_result
 from .timers import Timers
+from .values import decode_value, encode_value
+
+if TYPE_CHECKING:
+    from ..state.base import ActionStateStore
 
 log = logging.getLogger("agents_stream.durable")
 
@@ -54,56 +89,131 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def exception_info(exc: BaseException) -> ExceptionInfo:
+ENTRY_OVERHEAD_BYTES = 16 * 1024
+"""Room kept in a journal record for everything but the payload (identity, traceback,
+Avro and Kafka framing)."""
+
+DEFAULT_MAX_ENTRY_BYTES = 1_000_000 - ENTRY_OVERHEAD_BYTES
+"""For Kafka's defaults: topic ``max.message.bytes`` 1048588, producer
+``message.max.bytes`` 1000000."""
+
+
+def max_entry_bytes_for(max_message_bytes: int) -> int:
+    """``ContextConfig.max_entry_bytes`` for a journal whose records may be at most
+    ``max_message_bytes`` (the smaller of the ActionState topic's ``max.message.bytes``
+    and the producer's ``message.max.bytes``)."""
+    return max(1024, max_message_bytes - ENTRY_OVERHEAD_BYTES)
+
+
+_TRACEBACK_CHARS = 4000
+
+
+def exception_info(
+    exc: BaseException, *, max_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+) -> ExceptionInfo:
+    """What is journaled of a call's exception: class, message, traceback tail, and the
+    constructor arguments (when they are in the value domain) to rebuild it exactly."""
     cls = type(exc)
-    return ExceptionInfo(
-        type=f"{cls.__module__}.{cls.__qualname__}",
-        message=str(exc),
-        traceback="".join(traceback.format_exception(exc))[-4000:],
-    )
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the outcome
+        message = f"<unprintable {cls.__qualname__}>"
+    tb = "".join(traceback.format_exception(exc))[-_TRACEBACK_CHARS:]
+    args = _constructor_args(exc)
+    budget = max_bytes - len(tb.encode("utf-8", "replace"))
+    size = len(message.encode("utf-8", "replace"))
+    if args is not None and len(args) + size > budget:
+        args = None  # rebuilt from the message instead: still better than no record
+    if size > budget:
+        message = message[: max(0, budget) // 4] + " ... [truncated for the journal]"
+    return ExceptionInfo(f"{cls.__module__}.{cls.__qualname__}", message, tb, args)
+
+
+def _constructor_args(exc: BaseException) -> bytes | None:
+    ctor: tuple[Any, ...] = exc.args
+    named = isinstance(exc, OSError) and (exc.filename, exc.filename2) != (None, None)
+    if named and len(ctor) == 2:
+        # OSError keeps filenames out of .args; its constructor takes them 3rd and 5th.
+        ctor = (*ctor, exc.filename, None, exc.filename2)  # type: ignore[attr-defined]
+    try:
+        return encode_value(tuple(ctor), where="exception args")
+    except UnsupportedValueError:
+        return None
+
+
+def _exception_class(name: str) -> type[Exception] | None:
+    module_name, _, qualname = name.rpartition(".")
+    # Only already-imported modules: journal data must not make the worker import (and
+    # so run) arbitrary modules.
+    obj: Any = sys.modules.get("builtins" if module_name == "builtins" else module_name)
+    for part in qualname.split(".") if obj is not None else ():
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and issubclass(obj, Exception):
+        return obj
+    return None
 
 
 def rebuild_exception(info: ExceptionInfo) -> BaseException:
     """An exception equivalent to the journaled one.
 
-    The original class is used only if its module is already imported: journal data must
-    not be able to make the worker import (and so run) arbitrary modules.
+    The original class, when already imported, called with the journaled constructor
+    arguments (entries written before schema v5 have none: called with the message).
+    Otherwise, or when that constructor call fails, :class:`DurableCallError` carrying
+    the original class name and message.
+
+    Raises:
+        ValueError: the journaled arguments cannot be decoded (the journal is corrupt).
     """
-    module_name, _, qualname = info.type.rpartition(".")
-    if module_name == "builtins" or module_name in sys.modules:
-        obj: Any = sys.modules.get(module_name) or __builtins__
-        for part in qualname.split("."):
-            obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
-            if obj is None:
-                break
-        if isinstance(obj, type) and issubclass(obj, Exception):
-            try:
-                exc = obj(info.message)
-                exc.__notes__ = [f"replayed from journal; original traceback:\n{info.traceback}"]
-                return exc
-            except Exception:
-                pass
+    cls = _exception_class(info.type)
+    if cls is not None:
+        ctor = (info.message,) if info.args is None else decode_value(info.args)
+        if not isinstance(ctor, tuple):
+            raise ValueError(f"exception args decode to {type(ctor).__name__}, not a tuple")
+        try:
+            exc = cls(*ctor)
+        except Exception:
+            exc = None
+        if isinstance(exc, cls):
+            exc.__notes__ = [f"replayed from journal; original traceback:\n{info.traceback}"]
+            return exc
     return DurableCallError(info.type, info.message, info.traceback)
 
 
 @dataclass(frozen=True)
 class ContextConfig:
+    """What every RunnerContext of a host shares.
+
+    Attributes:
+        max_entry_bytes: largest encoded result journaled; a larger one fails its call
+            with :class:`ResultTooLargeError` before anything is produced. Hosts that
+            know the ActionState topic's limit pass ``max_entry_bytes_for(limit)``.
+    """
+
     app_id: str
     worker_id: str
     codec: PayloadCodec
     strict: bool = False
     executor: Any = None  # concurrent.futures.Executor for execute_async of sync functions
+    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
 
 
 @dataclass
 class _Call:
     fn: Callable[..., Any]
+    shape: CallShape
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     fid: str
     digest: str
     reconciler: Callable[..., Any] | None
+    reconciler_shape: CallShape | None
+    reconciler_takes_args: bool  # False: the zero-argument (Flink Agents) form
     retry: RetryPolicy | None
+
+
+async def _in_code_block(awaitable: Awaitable[Any]) -> Any:
+    _IN_CODE_BLOCK.set(True)  # this task's own context: released when it ends
+    return await awaitable
 
 
 class RunnerContext:
@@ -127,6 +237,7 @@ class RunnerContext:
         self._store = store
         self._config = config
         self._journal: dict[int, CallEntry] = store.calls(ref)
+        self._resolved: set[int] = set()  # slots this run replayed or (re)wrote
         self._next_index = 0
         self._lock = threading.Lock()
         self.short_term_memory = ShortTermMemory(memory_base, self._guard)
@@ -169,17 +280,17 @@ class RunnerContext:
         the outcome is journaled and acknowledged. After a crash a journaled outcome is
         returned / re-raised without running ``fn`` again.
         """
-        call = self._describe(fn, args, kwargs, reconciler, retry)
+        call = self._describe(fn, args, kwargs, reconciler, retry, sync=True)
         index = self._claim_index()
         slot = self._resolve_slot(index, call)
         if slot is not None and slot.status.terminal:
             return self._replay(slot)
         if slot is not None and call.reconciler is not None:
-            return self._finish_sync(index, call, slot.started_ms, call.reconciler, slot.attempts)
+            return self._finish_sync(index, call, slot.started_ms, True, slot.attempts)
         started = _now_ms()
         if call.reconciler is not None:
             self._append(self._entry(index, call, CallStatus.PENDING, started)).result()
-        return self._finish_sync(index, call, started, call.fn, 0)
+        return self._finish_sync(index, call, started, False, 0)
 
     def execute_async(
         self,
@@ -195,7 +306,7 @@ class RunnerContext:
         The call index is taken *now*, when ``execute_async`` is called, so several calls
         gathered with ``asyncio.gather`` replay into the same slots in any completion order.
         """
-        call = self._describe(fn, args, kwargs, reconciler, retry)
+        call = self._describe(fn, args, kwargs, reconciler, retry, sync=False)
         index = self._claim_index()
         return self._run_async(index, call)
 
@@ -206,10 +317,11 @@ class RunnerContext:
         slot = self._resolve_slot(index, call)
         if slot is not None and slot.status.terminal:
             return self._replay(slot)
-        if slot is not None and call.reconciler is not None:
-            target, started, attempts = call.reconciler, slot.started_ms, slot.attempts
+        reconciling = slot is not None and call.reconciler is not None
+        if slot is not None and reconciling:
+            started, attempts = slot.started_ms, slot.attempts
         else:
-            target, started, attempts = call.fn, _now_ms(), 0
+            started, attempts = _now_ms(), 0
             if call.reconciler is not None:
                 pending = self._entry(index, call, CallStatus.PENDING, started)
                 await acked(self._append(pending))
@@ -217,7 +329,7 @@ class RunnerContext:
         while True:
             tries += 1
             try:
-                result = await self._invoke_async(target, index, call)
+                result = await self._invoke_async(index, call, reconciling)
             except Exception as exc:
                 if call.retry is not None and call.retry.should_retry(exc, tries):
                     await asyncio.sleep(call.retry.delay(tries))
@@ -225,27 +337,24 @@ class RunnerContext:
                 entry = self._failed(index, call, started, exc, attempts + tries)
                 await acked(self._append(entry))
                 raise
-            entry = self._succeeded(index, call, started, result, attempts + tries)
+            entry, refusal = self._outcome(index, call, started, result, attempts + tries)
             await acked(self._append(entry))
+            if refusal is not None:
+                raise refusal
             return result
 
-    async def _invoke_async(self, target: Callable[..., Any], index: int, call: _Call) -> Any:
-        args = self._call_args(target, index, call)
+    async def _invoke_async(self, index: int, call: _Call, reconciling: bool) -> Any:
+        target, args, kwargs = self._invocation(index, call, reconciling)
         if inspect.iscoroutinefunction(target):
-
-            async def guarded() -> Any:
-                _IN_CODE_BLOCK.set(True)
-                return await target(*args, **call.kwargs)
-
-            return await asyncio.create_task(guarded())
+            return await asyncio.create_task(_in_code_block(target(*args, **kwargs)))
         loop = asyncio.get_running_loop()
         ctx = contextvars.copy_context()
         ctx.run(_IN_CODE_BLOCK.set, True)
         result = await loop.run_in_executor(
-            self._config.executor, lambda: ctx.run(target, *args, **call.kwargs)
+            self._config.executor, lambda: ctx.run(target, *args, **kwargs)
         )
         if inspect.isawaitable(result):
-            return await result
+            return await asyncio.create_task(_in_code_block(result))
         return result
 
     def _finish_sync(
@@ -253,29 +362,33 @@ class RunnerContext:
         index: int,
         call: _Call,
         started: int,
-        target: Callable[..., Any],
+        reconciling: bool,
         attempts: int,
     ) -> Any:
-        if inspect.iscoroutinefunction(target):
-            raise TypeError(
-                f"{call.fid} is a coroutine function: use `await ctx.execute_async(...)`"
-            )
-        args = self._call_args(target, index, call)
+        target, args, kwargs = self._invocation(index, call, reconciling)
         tries = 0
         while True:
             tries += 1
+            error: Exception | None = None
             token = _IN_CODE_BLOCK.set(True)
             try:
-                result = target(*args, **call.kwargs)
+                result = target(*args, **kwargs)
             except Exception as exc:
+                error = exc
+            finally:
+                # Also on BaseException: a thread's context outlives this call, and a
+                # leaked flag would forbid memory to every later action on that thread.
                 _IN_CODE_BLOCK.reset(token)
-                if call.retry is not None and call.retry.should_retry(exc, tries):
+            if error is not None:
+                if call.retry is not None and call.retry.should_retry(error, tries):
                     time.sleep(call.retry.delay(tries))
                     continue
-                self._append(self._failed(index, call, started, exc, attempts + tries)).result()
-                raise
-            _IN_CODE_BLOCK.reset(token)
-            self._append(self._succeeded(index, call, started, result, attempts + tries)).result()
+                self._append(self._failed(index, call, started, error, attempts + tries)).result()
+                raise error
+            entry, refusal = self._outcome(index, call, started, result, attempts + tries)
+            self._append(entry).result()
+            if refusal is not None:
+                raise refusal
             return result
 
     # -- slot bookkeeping -----------------------------------------------------------
@@ -286,7 +399,11 @@ class RunnerContext:
         kwargs: dict[str, Any],
         reconciler: Callable[..., Any] | None,
         retry: RetryPolicy | None,
+        *,
+        sync: bool = False,
     ) -> _Call:
+        """Everything that can be wrong with a call is refused here, before its index is
+        taken and before anything is journaled or run."""
         self._guard("execute")  # nested code blocks would journal into the outer slot
         if isinstance(fn, DurableCallable):
             if reconciler is None and fn.has_reconciler:
@@ -294,7 +411,26 @@ class RunnerContext:
             fid, target = fn.function_id, fn.call
         else:
             fid, target = function_id(fn), fn
-        return _Call(target, args, kwargs, fid, args_digest(args, kwargs), reconciler, retry)
+        shape = call_shape(target)
+        unbound = shape.bind_error(args, kwargs)
+        if unbound is not None:
+            raise TypeError(
+                f"{fid}{shape.signature} cannot take the arguments given to ctx.execute: "
+                f"{unbound} (nothing was journaled or run)"
+            ) from None
+        if sync:
+            for part in (target, reconciler):
+                if part is not None and inspect.iscoroutinefunction(part):
+                    raise TypeError(
+                        f"{fid} is a coroutine function: use `await ctx.execute_async(...)`"
+                    )
+        rec_shape, rec_takes_args = None, False
+        if reconciler is not None:
+            rec_shape, rec_takes_args = _reconciler_form(reconciler, fid, args, kwargs)
+        digest = args_digest(args, kwargs)
+        return _Call(
+            target, shape, args, kwargs, fid, digest, reconciler, rec_shape, rec_takes_args, retry
+        )
 
     def _claim_index(self) -> int:
         with self._lock:
@@ -302,17 +438,29 @@ class RunnerContext:
             self._next_index += 1
             return index
 
-    def _call_args(self, target: Callable[..., Any], index: int, call: _Call) -> tuple[Any, ...]:
-        if wants_call_id(target):
-            return (self.ref.call_id(self._config.app_id, index), *call.args)
-        return call.args
+    def _invocation(
+        self, index: int, call: _Call, reconciling: bool
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        call_id = self.ref.call_id(self._config.app_id, index)
+        if not reconciling:
+            return call.fn, *call.shape.arguments(call_id, call.args, call.kwargs)
+        assert call.reconciler is not None and call.reconciler_shape is not None
+        if call.reconciler_takes_args:
+            args, kwargs = call.args, call.kwargs
+        else:
+            args, kwargs = (), {}
+        return call.reconciler, *call.reconciler_shape.arguments(call_id, args, kwargs)
 
     def _resolve_slot(self, index: int, call: _Call) -> CallEntry | None:
         slot = self._journal.get(index)
-        if slot is None:
-            return None
-        if (slot.function_id, slot.args_digest) == (call.fid, call.digest):
-            return slot
+        if slot is not None and not _matches(slot, call):
+            self._diverged(index, call, slot)
+            slot = None
+        with self._lock:
+            self._resolved.add(index)
+        return slot
+
+    def _diverged(self, index: int, call: _Call, slot: CallEntry) -> None:
         expected, recorded = (call.fid, call.digest), (slot.function_id, slot.args_digest)
         if self._config.strict:
             raise NonDeterminismError(
@@ -323,7 +471,9 @@ class RunnerContext:
                 expected=expected,
                 recorded=recorded,
             )
-        dropped = sorted(i for i in self._journal if i >= index)
+        with self._lock:
+            dropped = sorted(i for i in self._journal if i >= index and i not in self._resolved)
+            doomed = [self._journal.pop(i) for i in dropped]
         log.warning(
             "non-deterministic replay: key=%r seq=%s action=%s call_index=%s now calls %s "
             "(args %s) but journal has %s (args %s); truncating %d slot(s) and re-executing",
@@ -335,35 +485,47 @@ class RunnerContext:
             *recorded,
             len(dropped),
         )
-        for i in dropped:
-            del self._journal[i]
         evidence = Truncation(
             self.ref, index, call.fid, call.digest, *recorded, dropped=len(dropped), at_ms=_now_ms()
         )
-        self._store.remove_calls(self.ref, index)
-        self._store.append([evidence], self.ref.partition).result()
-        return None
+        tombstones = [Tombstone(entry_key(entry)) for entry in doomed]
+        self._store.append([*tombstones, evidence], self.ref.partition).result()
 
     def _replay(self, slot: CallEntry) -> Any:
-        self.replayed_calls += 1
         if slot.status is CallStatus.FAILED:
-            assert slot.exception is not None
-            raise rebuild_exception(slot.exception)
+            if slot.exception is None or slot.result is not None:
+                raise self._corrupt(
+                    slot, "FAILED slot without an exception payload (or with a result)"
+                )
+            try:
+                exc = rebuild_exception(slot.exception)
+            except ValueError as err:
+                raise self._corrupt(
+                    slot, f"exception args of {slot.exception.type}: {err}"
+                ) from err
+            self.replayed_calls += 1
+            raise exc
+        if slot.exception is not None:
+            raise self._corrupt(slot, "SUCCEEDED slot with an exception payload")
+        self.replayed_calls += 1
         return None if slot.result is None else self._decode_result(slot)
 
     def _decode_result(self, slot: CallEntry) -> Any:
-        from .errors import JournalDecodeError
-
         try:
             return self._config.codec.decode(slot.result)  # type: ignore[arg-type]
         except Exception as exc:
-            raise JournalDecodeError(
-                f"result payload is not valid {self._config.codec.name}: {exc}",
-                key=self.ref.key,
-                seq=self.ref.seq,
-                action=self.ref.action,
-                index=slot.index,
+            raise self._corrupt(
+                slot, f"result payload is not valid {self._config.codec.name}: {exc}"
             ) from exc
+
+    def _corrupt(self, slot: CallEntry, reason: str) -> JournalDecodeError:
+        return JournalDecodeError(
+            f"{reason} (function {slot.function_id})",
+            key=self.ref.key,
+            seq=self.ref.seq,
+            action=self.ref.action,
+            index=slot.index,
+        )
 
     def _entry(
         self,
@@ -391,14 +553,37 @@ class RunnerContext:
             worker_id=self._config.worker_id,
         )
 
-    def _succeeded(
+    def _outcome(
         self, index: int, call: _Call, started: int, value: Any, attempts: int
-    ) -> CallEntry:
-        self.executed_calls += 1
-        payload = self._config.codec.encode(value)
-        return self._entry(
-            index, call, CallStatus.SUCCEEDED, started, result=payload, attempts=attempts
-        )
+    ) -> tuple[CallEntry, PayloadError | None]:
+        """The entry journaling a returned ``value``: SUCCEEDED, or FAILED with the
+        library error that says why ``value`` cannot be journaled (also returned)."""
+        try:
+            payload = encode_result(self._config.codec, value)
+        except PayloadError as exc:
+            refusal: PayloadError = exc
+        except Exception as exc:  # an opt-in codec (pickle) that cannot encode it
+            refusal = PayloadError(
+                f"the {self._config.codec.name} payload codec cannot encode the result of "
+                f"{call.fid} ({type(value).__qualname__}): {exc}"
+            )
+        else:
+            limit = self._config.max_entry_bytes
+            if len(payload) <= limit:
+                self.executed_calls += 1
+                return self._entry(
+                    index, call, CallStatus.SUCCEEDED, started, result=payload, attempts=attempts
+                ), None
+            refusal = ResultTooLargeError(
+                f"the result of {call.fid} (key={self.ref.key!r} seq={self.ref.seq} "
+                f"action={self.ref.action!r} call_index={index}) is {len(payload)} bytes "
+                f"encoded, over the journal limit of {limit} bytes "
+                "(ContextConfig.max_entry_bytes, from the ActionState topic's "
+                "max.message.bytes): store large payloads elsewhere (object store, "
+                "database) and return a reference from the code block, or raise the "
+                "topic's max.message.bytes and the producer's message.max.bytes"
+            )
+        return self._failed(index, call, started, refusal, attempts), refusal
 
     def _failed(
         self, index: int, call: _Call, started: int, exc: BaseException, attempts: int
@@ -409,10 +594,42 @@ class RunnerContext:
             call,
             CallStatus.FAILED,
             started,
-            exception=exception_info(exc),
+            exception=exception_info(exc, max_bytes=self._config.max_entry_bytes),
             attempts=attempts,
         )
 
     def _append(self, entry: CallEntry) -> Future[None]:
         self._journal[entry.index] = entry
         return self._store.append([entry], self.ref.partition)
+
+
+def _matches(slot: CallEntry, call: _Call) -> bool:
+    if slot.function_id != call.fid:
+        return False
+    if slot.args_digest == call.digest:
+        return True
+    # Written before digests saw values: compare the way it was digested then.
+    return len(slot.args_digest) == LEGACY_DIGEST_LEN and slot.args_digest == legacy_args_digest(
+        call.args, call.kwargs
+    )
+
+
+def _reconciler_form(
+    reconciler: Callable[..., Any], fid: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[CallShape, bool]:
+    """The reconciler's shape and whether it takes the call's arguments.
+
+    Decided once, when the call is made: a recovery must not be the first time the
+    reconciler is called, because a reconciler that cannot be called there would turn
+    the slot into a journaled failure forever.
+    """
+    shape = call_shape(reconciler)
+    if shape.bind_error(args, kwargs) is None:
+        return shape, True
+    if shape.bind_error((), {}) is None:
+        return shape, False
+    raise TypeError(
+        f"the reconciler {function_id(reconciler)}{shape.signature} of {fid} must take no "
+        "arguments or the call's own arguments (either optionally after a call_id "
+        "parameter); nothing was journaled or run"
+    )

@@ -31,6 +31,23 @@ class PayloadError(DurableError):
     """A result or argument could not be encoded by the configured payload codec."""
 
 
+class UnsupportedValueError(PayloadError, TypeError):
+    """A call argument, result or exception argument is outside the journaled value
+    domain (see :mod:`agents_stream.durable.values`); names the type and where it is.
+
+    Raised when the call is made (arguments: before PENDING and before the function
+    runs) or before the result is journaled, never at replay.
+    """
+
+
+class ResultTooLargeError(PayloadError):
+    """A call's encoded result does not fit in one journal record.
+
+    Checked before the result is produced, so the failure is journaled (and replayed)
+    like any other instead of surfacing as a broker error after the call ran.
+    """
+
+
 class JournalDecodeError(DurableError):
     """A journal record could not be decoded; names the slot so operators can find it."""
 

@@ -1,8 +1,8 @@
 """How a call is recognised on replay: function id, canonical args digest, call_id.
 
-The digest must be identical in every process and every run, so it is computed from a
-canonical encoding (sorted keys, no ``hash()``, no memory addresses), never from
-``repr`` of arbitrary objects.
+The digest must be identical in every process and every run and must see every value,
+so it is the SHA-256 of the canonical value encoding of :mod:`.values` (sorted keys, no
+``hash()``, no memory addresses), never of ``repr`` of arbitrary objects.
 """
 
 from __future__ import annotations
@@ -13,8 +13,12 @@ import functools
 import hashlib
 import inspect
 import json
+import types
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .values import value_digest
 
 
 def function_id(fn: Callable[..., Any]) -> str:
@@ -28,7 +32,34 @@ def function_id(fn: Callable[..., Any]) -> str:
     return f"{module}.{qualname}"
 
 
-def _canonical(value: Any) -> Any:
+def args_digest(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """SHA-256 (64 hex digits) of the arguments' canonical value encoding.
+
+    Computed from values (see :mod:`.values`), so any changed argument changes it; an
+    argument outside the journaled value domain raises UnsupportedValueError, before
+    anything is journaled or run.
+    """
+    return value_digest((tuple(args), dict(kwargs)), where="args")
+
+
+LEGACY_DIGEST_LEN = 32
+
+
+def legacy_args_digest(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """The digest journals held before values were digested (32 hex digits).
+
+    Only compared against slots that carry a 32-digit digest, so actions in flight
+    across the upgrade replay their acknowledged calls instead of re-running them. It
+    is blind to the value of opaque objects (datetime, Decimal...), which is why new
+    slots never use it.
+    """
+    encoded = json.dumps(
+        [_legacy(list(args)), _legacy(dict(kwargs))], sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(encoded.encode()).hexdigest()[:LEGACY_DIGEST_LEN]
+
+
+def _legacy(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, bytes | bytearray):
@@ -36,43 +67,113 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return {"__enum__": f"{type(value).__qualname__}.{value.name}"}
     if isinstance(value, Mapping):
-        return {"__map__": sorted([_canonical(k), _canonical(v)] for k, v in value.items())}
+        return {"__map__": sorted([_legacy(k), _legacy(v)] for k, v in value.items())}
     if isinstance(value, list | tuple):
-        return [_canonical(v) for v in value]
+        return [_legacy(v) for v in value]
     if isinstance(value, set | frozenset):
-        return {"__set__": sorted(json.dumps(_canonical(v), sort_keys=True) for v in value)}
+        return {"__set__": sorted(json.dumps(_legacy(v), sort_keys=True) for v in value)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = {f.name: _legacy(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {"__dc__": type(value).__qualname__, **fields}
-    # Opaque objects contribute only their type: their repr may hold a memory address,
-    # which would make every replay look like a mismatch.
     return {"__type__": f"{type(value).__module__}.{type(value).__qualname__}"}
 
 
-def args_digest(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
-    """Stable hex digest of call arguments (first 16 bytes of SHA-256)."""
-    encoded = json.dumps(
-        [_canonical(list(args)), _canonical(dict(kwargs))], sort_keys=True, separators=(",", ":")
-    )
-    return hashlib.sha256(encoded.encode()).hexdigest()[:32]
+# -- how a callable takes a call ------------------------------------------------------
+CallIdMode = Literal["", "positional", "keyword"]
 
 
-def wants_call_id(fn: Callable[..., Any]) -> bool:
-    """True when ``fn``'s first parameter is named ``call_id`` (it then gets the id)."""
-    func = getattr(fn, "__func__", None)  # bound method: look at the plain function
+@dataclass(frozen=True)
+class CallShape:
+    """How a callable is invoked: whether (and how) it receives ``call_id``, and its
+    signature, used to reject a call that cannot bind before anything is journaled."""
+
+    call_id: CallIdMode
+    signature: inspect.Signature | None  # None: not introspectable, not checked
+
+    def bind_error(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> TypeError | None:
+        """The TypeError calling with ``args``/``kwargs`` would raise, else None."""
+        if self.signature is None:
+            return None
+        try:
+            if self.call_id == "positional":
+                self.signature.bind(None, *args, **kwargs)
+            elif self.call_id == "keyword":
+                self.signature.bind(*args, **kwargs, call_id=None)
+            else:
+                self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            return exc
+        return None
+
+    def arguments(
+        self, call_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if self.call_id == "positional":
+            return (call_id, *args), kwargs
+        if self.call_id == "keyword":
+            return args, {**kwargs, "call_id": call_id}
+        return args, kwargs
+
+
+def call_shape(fn: Callable[..., Any]) -> CallShape:
+    """The :class:`CallShape` of ``fn``, cached (signatures are costly on the hot path).
+
+    Plain functions are cached by code object, so a lambda made per call (a typical
+    reconciler) hits the cache instead of filling it; bound methods by their function.
+    """
+    func = getattr(fn, "__func__", None)
+    if func is not None and getattr(fn, "__self__", None) is not None:
+        return _cached(func, bound=True)
+    return _cached(fn, bound=False)
+
+
+def _cached(fn: Callable[..., Any], *, bound: bool) -> CallShape:
+    if type(fn) is types.FunctionType and not hasattr(fn, "__wrapped__"):
+        code_key = (fn.__code__, len(fn.__defaults__ or ()), tuple(fn.__kwdefaults__ or ()))
+        return _shape_by_code(code_key, fn, bound)
     try:
-        if func is not None:
-            return _first_param(func, skip=1) == "call_id"
-        return _first_param(fn, skip=0) == "call_id"
+        return _shape_by_object(fn, bound)
     except TypeError:  # unhashable callable object: no caching
-        return _first_param.__wrapped__(fn, 0) == "call_id"
+        return _shape_of(fn, bound)
 
 
 @functools.lru_cache(maxsize=4096)
-def _first_param(fn: Callable[..., Any], skip: int) -> str | None:
-    # Cached: inspect.signature costs more than the rest of a journaled call's setup.
+def _shape_by_object(fn: Callable[..., Any], bound: bool) -> CallShape:
+    return _shape_of(fn, bound)
+
+
+_BY_CODE: dict[tuple[Any, ...], CallShape] = {}
+
+
+def _shape_by_code(key: tuple[Any, ...], fn: Callable[..., Any], bound: bool) -> CallShape:
+    shape = _BY_CODE.get((*key, bound))
+    if shape is None:
+        if len(_BY_CODE) > 4096:
+            _BY_CODE.clear()
+        shape = _BY_CODE[(*key, bound)] = _shape_of(fn, bound)
+    return shape
+
+
+def _shape_of(fn: Callable[..., Any], bound: bool) -> CallShape:
     try:
-        params = list(inspect.signature(fn).parameters.values())[skip:]
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return None
-    return params[0].name if params else None
+        return CallShape("", None)
+    params = list(sig.parameters.values())
+    if bound and params:
+        params = params[1:]
+        sig = sig.replace(parameters=params)
+    mode: CallIdMode = ""
+    if params and params[0].name == "call_id" and params[0].kind in _POSITIONAL:
+        mode = "positional"
+    elif any(p.name == "call_id" and p.kind is p.KEYWORD_ONLY for p in params):
+        mode = "keyword"
+    return CallShape(mode, sig)
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def wants_call_id(fn: Callable[..., Any]) -> bool:
+    """True when ``fn`` takes ``call_id`` (first or keyword-only parameter)."""
+    return call_shape(fn).call_id != ""

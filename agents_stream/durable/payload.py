@@ -7,11 +7,10 @@ code in a worker, so nothing is unpickled unless the app opts in explicitly with
 
 from __future__ import annotations
 
-import json
 import pickle
 from typing import Any, Protocol
 
-from .errors import PayloadError
+from .values import decode_value, encode_value
 
 
 class PayloadCodec(Protocol):
@@ -23,21 +22,19 @@ class PayloadCodec(Protocol):
 
 
 class JsonCodec:
-    """Plain data (dict, list, str, int, float, bool, None). Tuples come back as lists."""
+    """The journaled value domain (:mod:`.values`) in tagged JSON; replay is exact.
+
+    Reads results written before the tagged encoding (plain JSON) as plain JSON. A
+    value outside the domain raises :class:`UnsupportedValueError` naming its type.
+    """
 
     name = "json"
 
-    def encode(self, value: Any) -> bytes:
-        try:
-            return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise PayloadError(
-                f"{type(value).__name__} value is not JSON-serializable ({exc}); return plain "
-                "data from code blocks or configure App(payload_codec=PickleCodec())"
-            ) from exc
+    def encode(self, value: Any, *, where: str = "value") -> bytes:
+        return encode_value(value, where=where)
 
     def decode(self, data: bytes) -> Any:
-        return json.loads(data)
+        return decode_value(data)
 
 
 class PickleCodec:
@@ -53,3 +50,10 @@ class PickleCodec:
 
 
 JSON = JsonCodec()
+
+
+def encode_result(codec: PayloadCodec, value: Any) -> bytes:
+    """``codec.encode(value)``; refusals of the default codec name the value ``result``."""
+    if isinstance(codec, JsonCodec):
+        return codec.encode(value, where="result")
+    return codec.encode(value)
