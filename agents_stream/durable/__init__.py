@@ -12,10 +12,13 @@ from .errors import (
     JournalDecodeError,
     NonDeterminismError,
     PayloadError,
+    ResultTooLargeError,
+    UnsupportedValueError,
 )
 from .journal import ActionDone, ActionRef, CallEntry, CallStatus, MemorySnapshot, Truncation
 from .payload import JsonCodec, PickleCodec
 from .runner import ActionRunner, OutputSink, RecordInput, RecordOutcome
+from .values import register_codec, register_type
 
 __all__ = [
     "ActionDone",
@@ -37,7 +40,11 @@ __all__ = [
     "PickleCodec",
     "RecordInput",
     "RecordOutcome",
+    "ResultTooLargeError",
     "RetryPolicy",
     "RunnerContext",
     "Truncation",
+    "UnsupportedValueError",
+    "register_codec",
+    "register_type",
 ]

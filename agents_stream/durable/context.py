@@ -158,8 +158,8 @@ def rebuild_exception(info: ExceptionInfo) -> BaseException:
 
     The original class, when already imported, called with the journaled constructor
     arguments (entries written before schema v5 have none: called with the message).
-    Otherwise, or when that constructor call fails, :class:`DurableCallError` carrying
-    the original class name and message.
+    Otherwise, or when that constructor call fails or builds an exception with another
+    message, :class:`DurableCallError` carrying the original class name and message.
 
     Raises:
         ValueError: the journaled arguments cannot be decoded (the journal is corrupt).
@@ -171,6 +171,10 @@ def rebuild_exception(info: ExceptionInfo) -> BaseException:
             raise ValueError(f"exception args decode to {type(ctor).__name__}, not a tuple")
         try:
             exc = cls(*ctor)
+            # Constructor args that are not exc.args (a class formatting its own message)
+            # rebuild something else: only an exception that prints the same is equivalent.
+            if info.args is not None and str(exc) != info.message:
+                exc = None
         except Exception:
             exc = None
         if isinstance(exc, cls):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .values import value_digest
+from .values import canonical_bytes
 
 
 def function_id(fn: Callable[..., Any]) -> str:
@@ -39,7 +39,11 @@ def args_digest(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
     argument outside the journaled value domain raises UnsupportedValueError, before
     anything is journaled or run.
     """
-    return value_digest((tuple(args), dict(kwargs)), where="args")
+    # Encoded apart so a refusal names args[i] / kwargs['k']; JSON text never holds a
+    # raw NUL, so the separator keeps the pair unambiguous.
+    encoded = canonical_bytes(tuple(args), where="args")
+    encoded += b"\x00" + canonical_bytes(dict(kwargs), where="kwargs")
+    return hashlib.sha256(encoded).hexdigest()
 
 
 LEGACY_DIGEST_LEN = 32
