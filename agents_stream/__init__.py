@@ -14,8 +14,12 @@ from .durable import (
     JournalDecodeError,
     NonDeterminismError,
     PickleCodec,
+    ResultTooLargeError,
     RetryPolicy,
     RunnerContext,
+    UnsupportedValueError,
+    register_codec,
+    register_type,
 )
 from .durable.timers import Timers
 from .errors import AgentsStreamError, ConfigurationError
@@ -36,11 +40,15 @@ __all__ = [
     "NonDeterminismError",
     "OutputEvent",
     "PickleCodec",
+    "ResultTooLargeError",
     "RetryPolicy",
     "RunnerContext",
     "TimerEvent",
     "Timers",
+    "UnsupportedValueError",
     "action",
+    "register_codec",
+    "register_type",
 ]
 
 __version__ = "0.1.0"

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from .agent import Agent
 from .durable.payload import JSON, PayloadCodec
+from .durable.values import register_codec, register_type
 from .errors import ConfigurationError
 
 BROKER_ENV = "AGENTS_STREAM_BROKER"
@@ -74,8 +75,9 @@ class App:
         data_dir: where RocksDB caches live (``--data-dir`` overrides).
         schema_registry_url: Confluent Schema Registry; switches Avro framing to the
             Confluent wire format.
-        payload_codec: codec of journaled call results and outputs (JSON default;
-            ``PickleCodec`` only for trusted topics). Memory values and events are JSON.
+        payload_codec: codec of journaled call results and outputs (default: the exact
+            journaled value domain in tagged JSON, see ``register_codec``; ``PickleCodec``
+            only for trusted topics). Memory values and events are JSON.
         max_in_flight: records processed concurrently per worker before partitions pause.
         on_error: ``"dlq"`` sends a record whose action raised to ``<input>-dlq`` and goes
             on; ``"fail"`` stops the worker without committing it.
@@ -117,6 +119,24 @@ class App:
     @property
     def action_state_topic(self) -> str:
         return f"{self.id}-action-state"
+
+    def register_codec(
+        self,
+        cls: type,
+        name: str,
+        encode: Callable[[Any], Any],
+        decode: Callable[[Any], Any],
+    ) -> None:
+        """Let instances of exactly ``cls`` be journaled (call arguments, results,
+        exception args): stored as ``encode(obj)``, a value of the journaled domain, under
+        the stable ``name``; replay returns ``decode(value)``. Process-wide, like
+        :func:`agents_stream.register_codec`: register before the worker starts."""
+        register_codec(cls, name, encode, decode)
+
+    def register_type(self, cls: type, name: str | None = None) -> None:
+        """Give a dataclass or Enum a stable journal name, so replay rebuilds it even if
+        its module is not imported yet or it moved (see :mod:`agents_stream.durable.values`)."""
+        register_type(cls, name)
 
     def agent(
         self,

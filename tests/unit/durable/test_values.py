@@ -419,3 +419,21 @@ def test_journal_data_can_only_build_dataclasses_and_enums():
 def test_digest_of_mixed_key_types_does_not_crash():
     digest = args_digest(({None: 1, 2: "b", "a": 3, b"x": 4, 1.5: 5, (1,): 6},), {"k": {3, "x"}})
     assert len(digest) == 64
+
+
+def test_app_and_package_register_codecs_for_the_journal():
+    import agents_stream
+
+    class Celsius:
+        def __init__(self, degrees: float) -> None:
+            self.degrees = degrees
+
+    agents_stream.App("codecs").register_codec(
+        Celsius, "tests.Celsius", lambda c: c.degrees, Celsius
+    )
+    back = decode_value(encode_value([Celsius(21.5)]))
+    assert type(back[0]) is Celsius and back[0].degrees == 21.5
+    with pytest.raises(ValueError, match="taken"):
+        agents_stream.register_codec(Opaque, "tests.Celsius", repr, repr)
+    with pytest.raises(ValueError, match="already in the journaled value domain"):
+        agents_stream.register_codec(int, "int", int, int)
