@@ -122,51 +122,52 @@ class CallShape:
 def call_shape(fn: Callable[..., Any]) -> CallShape:
     """The :class:`CallShape` of ``fn``, cached (signatures are costly on the hot path).
 
-    Plain functions are cached by code object, so a lambda made per call (a typical
-    reconciler) hits the cache instead of filling it; bound methods by their function.
+    Functions are cached by what fixes their signature (code object, which parameters
+    have defaults), so a lambda or ``functools.partial`` made per call (typical for
+    reconcilers) hits the cache instead of filling it and keeping its closure alive.
     """
-    func = getattr(fn, "__func__", None)
-    if func is not None and getattr(fn, "__self__", None) is not None:
-        return _cached(func, bound=True)
-    return _cached(fn, bound=False)
-
-
-def _cached(fn: Callable[..., Any], *, bound: bool) -> CallShape:
-    if type(fn) is types.FunctionType and not hasattr(fn, "__wrapped__"):
-        code_key = (fn.__code__, len(fn.__defaults__ or ()), tuple(fn.__kwdefaults__ or ()))
-        return _shape_by_code(code_key, fn, bound)
-    try:
-        return _shape_by_object(fn, bound)
-    except TypeError:  # unhashable callable object: no caching
-        return _shape_of(fn, bound)
-
-
-@functools.lru_cache(maxsize=4096)
-def _shape_by_object(fn: Callable[..., Any], bound: bool) -> CallShape:
-    return _shape_of(fn, bound)
-
-
-_BY_CODE: dict[tuple[Any, ...], CallShape] = {}
-
-
-def _shape_by_code(key: tuple[Any, ...], fn: Callable[..., Any], bound: bool) -> CallShape:
-    shape = _BY_CODE.get((*key, bound))
+    key = _shape_key(fn)
+    if key is None:
+        try:
+            return _shape_by_object(fn)
+        except TypeError:  # unhashable callable object: no caching
+            return _shape_of(fn)
+    shape = _BY_KEY.get(key)
     if shape is None:
-        if len(_BY_CODE) > 4096:
-            _BY_CODE.clear()
-        shape = _BY_CODE[(*key, bound)] = _shape_of(fn, bound)
+        if len(_BY_KEY) > 4096:
+            _BY_KEY.clear()
+        shape = _BY_KEY[key] = _shape_of(fn)
     return shape
 
 
-def _shape_of(fn: Callable[..., Any], bound: bool) -> CallShape:
+_BY_KEY: dict[tuple[Any, ...], CallShape] = {}
+
+
+def _shape_key(fn: Any) -> tuple[Any, ...] | None:
+    if hasattr(fn, "__signature__") or hasattr(fn, "__wrapped__"):
+        return None
+    if type(fn) is types.FunctionType:
+        return ("f", fn.__code__, len(fn.__defaults__ or ()), tuple(fn.__kwdefaults__ or ()))
+    if type(fn) is types.MethodType:
+        inner = _shape_key(fn.__func__)
+        return None if inner is None else ("m", inner)
+    if type(fn) is functools.partial:
+        inner = _shape_key(fn.func)
+        return None if inner is None else ("p", inner, len(fn.args), tuple(fn.keywords))
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_by_object(fn: Callable[..., Any]) -> CallShape:
+    return _shape_of(fn)
+
+
+def _shape_of(fn: Callable[..., Any]) -> CallShape:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return CallShape("", None)
     params = list(sig.parameters.values())
-    if bound and params:
-        params = params[1:]
-        sig = sig.replace(parameters=params)
     mode: CallIdMode = ""
     if params and params[0].name == "call_id" and params[0].kind in _POSITIONAL:
         mode = "positional"
