@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from ..durable.errors import JournalDecodeError
 from ..durable.journal import ActionDone, CallEntry, JournalEntry, MemorySnapshot, Truncation
+from ..durable.values import MAGIC, VERSION
 from ..serde.journal import JournalCodec, default_journal_codec
 
 _ACTION_ORDINAL = re.compile(r"#\d+$")
@@ -84,10 +85,15 @@ def action_name(action: str) -> str:
     return _ACTION_ORDINAL.sub("", action)
 
 
+TAGGED_HEADER = MAGIC + VERSION
+
+
 def payload_json(data: bytes | None) -> str | None:
     """``data`` as JSON text if it is UTF-8 JSON, else ``None`` (never unpickled)."""
     if data is None:
         return None
+    if bytes(data[:2]) == TAGGED_HEADER:  # the exact value encoding: its tagged JSON
+        data = data[2:]
     try:
         text = bytes(data).decode("utf-8")
         json.loads(text)

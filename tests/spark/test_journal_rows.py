@@ -63,3 +63,12 @@ def test_svg_chart_and_html_report():
     assert svg.startswith("<svg") and svg.count("<rect") == 2 and "#c0392b" in svg
     page = render_html("t", {"x": 1}, [("rows", [{"a": "<b>"}], ["a"])], [svg])
     assert "&lt;b&gt;" in page and "<svg" in page
+
+
+def test_payload_json_shows_exact_value_encoding_as_its_tagged_json():
+    import json
+
+    from agents_stream.durable.payload import JSON
+
+    text = payload_json(JSON.encode({1: 5, "t": (1, 2)}))
+    assert json.loads(text) == {"$d": [[1, 5], ["t", {"$t": [1, 2]}]]}
