@@ -73,10 +73,14 @@ class SchemaVersion:
 
 
 def schemas_dir() -> Path:
-    """Where schema folders live: ``$AGENTS_STREAM_SCHEMAS_DIR`` or the repo's ``schemas/``."""
+    """Where schema folders live: ``$AGENTS_STREAM_SCHEMAS_DIR``, else the copy a wheel
+    carries (``agents_stream/_schemas``, see setup.py), else the repo's ``schemas/``."""
     override = os.environ.get(SCHEMAS_DIR_ENV)
     if override:
         return Path(override)
+    packaged = Path(__file__).resolve().parents[1] / "_schemas"
+    if packaged.is_dir():
+        return packaged
     return Path(__file__).resolve().parents[2] / "schemas"
 
 
