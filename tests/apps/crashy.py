@@ -62,6 +62,12 @@ class Charge(DurableCallable):
         raise LookupError("no charge")
 
 
+def charge_parked(call_id: str, amount: int) -> dict:
+    effect("charge", call_id)
+    park("in-charge")
+    return {"charged": amount, "by": "call"}
+
+
 @dataclass
 class Scored(Event):
     n: int = 0
@@ -90,6 +96,17 @@ class Crashy(Agent):
             ctx.send_event(OutputEvent(output={"n": n, "results": results}))
         elif scenario == "reconcile":  # (b)
             charge = ctx.execute(Charge(), n)
+            ctx.send_event(OutputEvent(output={"n": n, "charge": charge}))
+        elif scenario == "reconcile-zero":  # (b) the Flink Agents form: no arguments
+            charge_id = ctx.ref.call_id(app.id, 0)
+
+            def lookup() -> dict:
+                effect("reconcile", charge_id)
+                if has_effect(charge_id):
+                    return {"charged": n, "by": "reconciler"}
+                raise LookupError("no charge")
+
+            charge = ctx.execute(charge_parked, n, reconciler=lookup)
             ctx.send_event(OutputEvent(output={"n": n, "charge": charge}))
         elif scenario == "exception":  # (c)
             try:

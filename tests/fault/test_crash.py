@@ -49,6 +49,19 @@ def test_b_pending_slot_is_reconciled_not_re_executed(crash):
     assert crash.effects() == {"charge": 1, "reconcile": 1}
 
 
+def test_b_zero_argument_reconciler_runs_after_a_crash(crash):
+    crash.arm("in-charge")
+    crash.send({"scenario": "reconcile-zero", "n": 60})
+    worker = crash.start()
+    crash.wait_parked("in-charge", worker)  # PENDING acked, money moved, result not journaled
+    worker.kill()
+    crash.disarm("in-charge")
+    crash.start()
+    [out] = crash.outputs(1)
+    assert out["charge"] == {"charged": 60, "by": "reconciler"}
+    assert crash.effects() == {"charge": 1, "reconcile": 1}
+
+
 def test_c_journaled_exception_is_reraised_without_running(crash):
     crash.arm("after-failure")
     crash.send({"scenario": "exception", "n": 3})
