@@ -32,7 +32,6 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import sys
 import threading
 import time
 import traceback
@@ -73,7 +72,7 @@ from .journal import (
 from .memory import ShortTermMemory
 from .payload import PayloadCodec, encode_result
 from .timers import Timers
-from .values import decode_value, encode_value
+from .values import decode_value, encode_value, lookup_loaded
 
 if TYPE_CHECKING:
     from ..state.base import ActionStateStore
@@ -145,12 +144,8 @@ def _exception_class(name: str) -> type[Exception] | None:
     module_name, _, qualname = name.rpartition(".")
     # Only already-imported modules: journal data must not make the worker import (and
     # so run) arbitrary modules.
-    obj: Any = sys.modules.get("builtins" if module_name == "builtins" else module_name)
-    for part in qualname.split(".") if obj is not None else ():
-        obj = getattr(obj, part, None)
-    if isinstance(obj, type) and issubclass(obj, Exception):
-        return obj
-    return None
+    obj = lookup_loaded(module_name, qualname)
+    return obj if obj is not None and issubclass(obj, Exception) else None
 
 
 def rebuild_exception(info: ExceptionInfo) -> BaseException:

@@ -54,7 +54,7 @@ import math
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import date, datetime, time, timedelta, timezone, tzinfo
 from decimal import Decimal
 from typing import Any
@@ -144,10 +144,17 @@ def _class_name(cls: type) -> str:
 def _find_class(name: str) -> Any:
     """The class ``module:QualName`` if its module is already imported (never imports)."""
     module_name, sep, qualname = name.partition(":")
-    module = sys.modules.get(module_name) if sep else None
-    obj: Any = module
-    for part in qualname.split(".") if module is not None else ():
-        obj = getattr(obj, part, None)
+    return lookup_loaded(module_name, qualname) if sep else None
+
+
+def lookup_loaded(module_name: str, qualname: str) -> type | None:
+    """The class ``qualname`` of module ``module_name`` if that module is already
+    imported. Reads namespaces directly: ``getattr`` could run a module's lazy-import
+    ``__getattr__`` or a descriptor on behalf of journal data."""
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split(".") if obj is not None else ():
+        namespace = getattr(obj, "__dict__", None)
+        obj = namespace.get(part) if isinstance(namespace, Mapping) else None
     return obj if isinstance(obj, type) else None
 
 

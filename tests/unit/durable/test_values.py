@@ -437,3 +437,19 @@ def test_app_and_package_register_codecs_for_the_journal():
         agents_stream.register_codec(Opaque, "tests.Celsius", repr, repr)
     with pytest.raises(ValueError, match="already in the journaled value domain"):
         agents_stream.register_codec(int, "int", int, int)
+
+
+def test_class_lookup_never_runs_a_module_getattr():
+    import types
+
+    calls = []
+    module = types.ModuleType("tests_unit_lazy_module")
+    module.__getattr__ = lambda name: calls.append(name)  # type: ignore[method-assign]
+    sys.modules[module.__name__] = module
+    try:
+        data = MAGIC + b'\x01{"$dc":["tests_unit_lazy_module:Lazy",{}]}'
+        with pytest.raises(ValueError, match="not loaded"):
+            decode_value(data)
+    finally:
+        del sys.modules[module.__name__]
+    assert calls == []
