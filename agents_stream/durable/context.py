@@ -141,11 +141,15 @@ def _constructor_args(exc: BaseException) -> bytes | None:
 
 
 def _exception_class(name: str) -> type[Exception] | None:
-    module_name, _, qualname = name.rpartition(".")
     # Only already-imported modules: journal data must not make the worker import (and
-    # so run) arbitrary modules.
-    obj = lookup_loaded(module_name, qualname)
-    return obj if obj is not None and issubclass(obj, Exception) else None
+    # so run) arbitrary modules. "a.b.Outer.Inner" does not say where the module name
+    # ends, so try the longest imported prefix first.
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        obj = lookup_loaded(".".join(parts[:cut]), ".".join(parts[cut:]))
+        if obj is not None:
+            return obj if issubclass(obj, Exception) else None
+    return None
 
 
 def rebuild_exception(info: ExceptionInfo) -> BaseException:

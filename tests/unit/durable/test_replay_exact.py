@@ -162,6 +162,16 @@ def test_custom_exception_with_constructor_args_replays_as_itself():
     assert type(err) is Declined and err.amount == Decimal("9.99") and err.code == "card_declined"
 
 
+class Payments:
+    class Declined(Exception):
+        pass
+
+
+def test_nested_exception_class_replays_as_itself():
+    err = replayed(Payments.Declined("nested", 1))
+    assert type(err) is Payments.Declined and err.args == ("nested", 1)
+
+
 def test_key_error_message_is_not_double_quoted():
     err = replayed(KeyError("x"))
     assert type(err) is KeyError and str(err) == "'x'" and err.args == ("x",)
