@@ -281,7 +281,17 @@ class RunnerContext:
 
         Blocks the calling action (and, from an ``async`` action, the event loop) until
         the outcome is journaled and acknowledged. After a crash a journaled outcome is
-        returned / re-raised without running ``fn`` again.
+        returned / re-raised without running ``fn`` again, the result equal to the
+        original, types included.
+
+        Raises:
+            TypeError: the arguments do not bind to ``fn`` (or the reconciler takes
+                neither no arguments nor the call's); nothing is journaled or run.
+            UnsupportedValueError: an argument is outside the journaled value domain
+                (nothing journaled or run), or the result is (the call is journaled as
+                failed with this error).
+            ResultTooLargeError: the encoded result exceeds
+                ``ContextConfig.max_entry_bytes`` (journaled as failed with this error).
         """
         call = self._describe(fn, args, kwargs, reconciler, retry, sync=True)
         index = self._claim_index()
@@ -308,6 +318,7 @@ class RunnerContext:
 
         The call index is taken *now*, when ``execute_async`` is called, so several calls
         gathered with ``asyncio.gather`` replay into the same slots in any completion order.
+        Raises as :meth:`execute`; the call-time errors here, before an awaitable exists.
         """
         call = self._describe(fn, args, kwargs, reconciler, retry, sync=False)
         index = self._claim_index()
@@ -321,7 +332,7 @@ class RunnerContext:
         if slot is not None and slot.status.terminal:
             return self._replay(slot)
         reconciling = slot is not None and call.reconciler is not None
-        if slot is not None and reconciling:
+        if reconciling and slot is not None:
             started, attempts = slot.started_ms, slot.attempts
         else:
             started, attempts = _now_ms(), 0
