@@ -447,3 +447,17 @@ def test_replayed_entry_is_unchanged_by_replay():
     before = store.calls(REF)[0]
     make_ctx(store).execute(runs.fn("f"))
     assert store.calls(REF)[0] == before == replace(before)
+
+
+def test_pickle_codec_stays_an_opt_in_for_results_only():
+    from agents_stream import PickleCodec
+
+    store = InMemoryActionStateStore()
+    cfg = ContextConfig(app_id="app", worker_id="w1", codec=PickleCodec(), executor=POOL)
+    runs = Runs(make=lambda: Declined("x", Decimal(1)), bad=lambda: lambda: 1)
+    result = RunnerContext(REF, store, cfg, {}).execute(runs.fn("make"))
+    assert type(result) is Declined
+    with pytest.raises(UnsupportedValueError, match="args"):
+        RunnerContext(REF, store, cfg, {}).execute(runs.fn("make"), Opaque())
+    with pytest.raises(Exception, match="pickle payload codec cannot encode"):
+        RunnerContext(REF, InMemoryActionStateStore(), cfg, {}).execute(runs.fn("bad"))
