@@ -6,7 +6,7 @@ import argparse
 import signal
 import threading
 
-from ..testing.broker import EmbeddedBroker
+from ..runtime.embedded import EmbeddedBroker
 
 
 def register(sub: argparse._SubParsersAction) -> None:

