@@ -34,7 +34,6 @@ import inspect
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -45,13 +44,12 @@ from .acks import acked
 from .callable import DurableCallable, RetryPolicy
 from .errors import (
     CodeBlockViolation,
-    DurableCallError,
     JournalDecodeError,
     NonDeterminismError,
     PayloadError,
     ResultTooLargeError,
-    UnsupportedValueError,
 )
+from .failures import exception_info, rebuild_exception
 from .identity import (
     LEGACY_DIGEST_LEN,
     CallShape,
@@ -59,6 +57,7 @@ from .identity import (
     call_shape,
     function_id,
     legacy_args_digest,
+    reconciler_form,
 )
 from .journal import (
     ActionRef,
@@ -72,7 +71,6 @@ from .journal import (
 from .memory import ShortTermMemory
 from .payload import PayloadCodec, encode_result
 from .timers import Timers
-from .values import decode_value, encode_value, lookup_loaded
 
 if TYPE_CHECKING:
     from ..state.base import ActionStateStore
@@ -102,84 +100,6 @@ def max_entry_bytes_for(max_message_bytes: int) -> int:
     ``max_message_bytes`` (the smaller of the ActionState topic's ``max.message.bytes``
     and the producer's ``message.max.bytes``)."""
     return max(1024, max_message_bytes - ENTRY_OVERHEAD_BYTES)
-
-
-_TRACEBACK_CHARS = 4000
-
-
-def exception_info(
-    exc: BaseException, *, max_bytes: int = DEFAULT_MAX_ENTRY_BYTES
-) -> ExceptionInfo:
-    """What is journaled of a call's exception: class, message, traceback tail, and the
-    constructor arguments (when they are in the value domain) to rebuild it exactly."""
-    cls = type(exc)
-    try:
-        message = str(exc)
-    except Exception:  # a broken __str__ must not lose the outcome
-        message = f"<unprintable {cls.__qualname__}>"
-    tb = "".join(traceback.format_exception(exc))[-_TRACEBACK_CHARS:]
-    args = _constructor_args(exc)
-    budget = max_bytes - len(tb.encode("utf-8", "replace"))
-    size = len(message.encode("utf-8", "replace"))
-    if args is not None and len(args) + size > budget:
-        args = None  # rebuilt from the message instead: still better than no record
-    if size > budget:
-        message = message[: max(0, budget) // 4] + " ... [truncated for the journal]"
-    return ExceptionInfo(f"{cls.__module__}.{cls.__qualname__}", message, tb, args)
-
-
-def _constructor_args(exc: BaseException) -> bytes | None:
-    ctor: tuple[Any, ...] = exc.args
-    named = isinstance(exc, OSError) and (exc.filename, exc.filename2) != (None, None)
-    if named and len(ctor) == 2:
-        # OSError keeps filenames out of .args; its constructor takes them 3rd and 5th.
-        ctor = (*ctor, exc.filename, None, exc.filename2)  # type: ignore[attr-defined]
-    try:
-        return encode_value(tuple(ctor), where="exception args")
-    except UnsupportedValueError:
-        return None
-
-
-def _exception_class(name: str) -> type[Exception] | None:
-    # Only already-imported modules: journal data must not make the worker import (and
-    # so run) arbitrary modules. "a.b.Outer.Inner" does not say where the module name
-    # ends, so try the longest imported prefix first.
-    parts = name.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        obj = lookup_loaded(".".join(parts[:cut]), ".".join(parts[cut:]))
-        if obj is not None:
-            return obj if issubclass(obj, Exception) else None
-    return None
-
-
-def rebuild_exception(info: ExceptionInfo) -> BaseException:
-    """An exception equivalent to the journaled one.
-
-    The original class, when already imported, called with the journaled constructor
-    arguments (entries written before schema v5 have none: called with the message).
-    Otherwise, or when that constructor call fails or builds an exception with another
-    message, :class:`DurableCallError` carrying the original class name and message.
-
-    Raises:
-        ValueError: the journaled arguments cannot be decoded (the journal is corrupt).
-    """
-    cls = _exception_class(info.type)
-    if cls is not None:
-        ctor = (info.message,) if info.args is None else decode_value(info.args)
-        if not isinstance(ctor, tuple):
-            raise ValueError(f"exception args decode to {type(ctor).__name__}, not a tuple")
-        try:
-            exc = cls(*ctor)
-            # Constructor args that are not exc.args (a class formatting its own message)
-            # rebuild something else: only an exception that prints the same is equivalent.
-            if info.args is not None and str(exc) != info.message:
-                exc = None
-        except Exception:
-            exc = None
-        if isinstance(exc, cls):
-            exc.__notes__ = [f"replayed from journal; original traceback:\n{info.traceback}"]
-            return exc
-    return DurableCallError(info.type, info.message, info.traceback)
 
 
 @dataclass(frozen=True)
@@ -440,7 +360,7 @@ class RunnerContext:
                     )
         rec_shape, rec_takes_args = None, False
         if reconciler is not None:
-            rec_shape, rec_takes_args = _reconciler_form(reconciler, fid, args, kwargs)
+            rec_shape, rec_takes_args = reconciler_form(reconciler, fid, args, kwargs)
         digest = args_digest(args, kwargs)
         return _Call(
             target, shape, args, kwargs, fid, digest, reconciler, rec_shape, rec_takes_args, retry
@@ -625,25 +545,4 @@ def _matches(slot: CallEntry, call: _Call) -> bool:
     # Written before digests saw values: compare the way it was digested then.
     return len(slot.args_digest) == LEGACY_DIGEST_LEN and slot.args_digest == legacy_args_digest(
         call.args, call.kwargs
-    )
-
-
-def _reconciler_form(
-    reconciler: Callable[..., Any], fid: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[CallShape, bool]:
-    """The reconciler's shape and whether it takes the call's arguments.
-
-    Decided once, when the call is made: a recovery must not be the first time the
-    reconciler is called, because a reconciler that cannot be called there would turn
-    the slot into a journaled failure forever.
-    """
-    shape = call_shape(reconciler)
-    if shape.bind_error(args, kwargs) is None:
-        return shape, True
-    if shape.bind_error((), {}) is None:
-        return shape, False
-    raise TypeError(
-        f"the reconciler {function_id(reconciler)}{shape.signature} of {fid} must take no "
-        "arguments or the call's own arguments (either optionally after a call_id "
-        "parameter); nothing was journaled or run"
     )

@@ -182,3 +182,24 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 def wants_call_id(fn: Callable[..., Any]) -> bool:
     """True when ``fn`` takes ``call_id`` (first or keyword-only parameter)."""
     return call_shape(fn).call_id != ""
+
+
+def reconciler_form(
+    reconciler: Callable[..., Any], fid: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[CallShape, bool]:
+    """The reconciler's shape and whether it takes the call's arguments.
+
+    Decided once, when the call is made: a recovery must not be the first time the
+    reconciler is called, because a reconciler that cannot be called there would turn
+    the slot into a journaled failure forever.
+    """
+    shape = call_shape(reconciler)
+    if shape.bind_error(args, kwargs) is None:
+        return shape, True
+    if shape.bind_error((), {}) is None:
+        return shape, False
+    raise TypeError(
+        f"the reconciler {function_id(reconciler)}{shape.signature} of {fid} must take no "
+        "arguments or the call's own arguments (either optionally after a call_id "
+        "parameter); nothing was journaled or run"
+    )
