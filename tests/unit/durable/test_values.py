@@ -453,3 +453,31 @@ def test_class_lookup_never_runs_a_module_getattr():
     finally:
         del sys.modules[module.__name__]
     assert calls == []
+
+
+# The encoding is a wire format: journals written today must decode, and digests must
+# match, in every later version. Changing these bytes needs a new format version.
+GOLDEN_VALUE = {
+    "amount": Decimal("10.50"),
+    1: (b"\x00", None),
+    "at": datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
+    "ids": {uuid.UUID(int=7)},
+    "p": Point(1, "a"),
+    "c": Color.RED,
+    "f": [1.0, -0.0, math.nan],
+}
+GOLDEN_BYTES = (
+    b'\x1e\x01{"$d":[["amount",{"$dec":"10.50"}],[1,{"$t":[{"$b":"AA=="},null]}],'
+    b'["at",{"$dt":["2024-05-01T12:30:00",0,["fixed",{"$td":[0,0,0]},null]]}],'
+    b'["ids",{"$set":[{"$uuid":"00000000-0000-0000-0000-000000000007"}]}],'
+    b'["p",{"$dc":["tests.unit.durable.test_values:Point",{"x":1,"label":"a"}]}],'
+    b'["c",{"$enum":["tests.unit.durable.test_values:Color","red"]}],'
+    b'["f",[1.0,-0.0,{"$f":"nan"}]]]}'
+)
+GOLDEN_ARGS_DIGEST = "f33e85628cce290682d4976faa4e8fc30cfc317b2bcf8f7de3509652f5a95dfd"
+
+
+def test_golden_encoding_and_digest_are_stable():
+    assert encode_value(GOLDEN_VALUE) == GOLDEN_BYTES
+    assert same(decode_value(GOLDEN_BYTES), GOLDEN_VALUE)
+    assert args_digest((GOLDEN_VALUE,), {"k": 1}) == GOLDEN_ARGS_DIGEST
