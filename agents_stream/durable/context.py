@@ -542,7 +542,10 @@ def _matches(slot: CallEntry, call: _Call) -> bool:
         return False
     if slot.args_digest == call.digest:
         return True
+    if len(slot.args_digest) != LEGACY_DIGEST_LEN:
+        return False
     # Written before digests saw values: compare the way it was digested then.
-    return len(slot.args_digest) == LEGACY_DIGEST_LEN and slot.args_digest == legacy_args_digest(
-        call.args, call.kwargs
-    )
+    try:
+        return slot.args_digest == legacy_args_digest(call.args, call.kwargs)
+    except (TypeError, ValueError, RecursionError):  # not digestible then: not that call
+        return False

@@ -10,7 +10,8 @@ from one tagged JSON encoding:
 value                            encoded as
 ===============================  ===============================================
 ``None``, ``bool``, ``int``,     themselves (``1``, ``1.0`` and ``True`` stay
-``str``, finite ``float``        distinct; ``-0.0`` keeps its sign)
+``str``, finite ``float``        distinct; ``-0.0`` keeps its sign; ints too long
+                                 for JSON number parsing as ``{"$int": hex}``)
 nan / inf / -inf                 ``{"$f": "nan"}`` (every nan is the same value)
 ``list``                         a JSON array
 ``tuple``                        ``{"$t": [...]}``
@@ -169,6 +170,15 @@ def _journal_name(cls: type) -> str:
     return name
 
 
+_JSON_INT_BITS = 12_000  # ~3,600 digits: under int/str conversion limits (4,300 digits)
+
+
+def _enc_int(v: int, canon: bool) -> Any:
+    if v.bit_length() <= _JSON_INT_BITS:
+        return v
+    return {"$int": format(v, "x")}
+
+
 def _enc_float(v: float, canon: bool) -> Any:
     if math.isfinite(v):
         return v
@@ -289,7 +299,7 @@ def _enc_object(v: Any, canon: bool) -> Any:
 _BUILTIN: dict[type, _Encoder] = {
     type(None): lambda v, c: v,
     bool: lambda v, c: v,
-    int: lambda v, c: v,
+    int: _enc_int,
     str: lambda v, c: v,
     float: _enc_float,
     list: _enc_list,
@@ -435,6 +445,7 @@ def _dec_datetime(payload: list[Any]) -> datetime:
 
 _TAGS: dict[str, Callable[[Any], Any]] = {
     "$f": _dec_float,
+    "$int": lambda text: int(text, 16),
     "$t": tuple,
     "$d": lambda pairs: {k: v for k, v in pairs},
     "$set": set,

@@ -338,6 +338,8 @@ def reordered(value: Any) -> Any:
         time(23, 59, 59, 999999, tzinfo=timezone(timedelta(hours=5, minutes=30), "IST")),
         "lone surrogate \ud800",
         10**40,
+        pytest.param(-(10**5000), id="int-over-4300-digits"),
+        pytest.param([2**12_000, 2**12_000 - 1, -(2**12_001)], id="ints-at-the-json-edge"),
     ],
 )
 def test_named_examples_round_trip(value):
