@@ -71,7 +71,8 @@ class App:
     Args:
         id: application id (consumer group, ``<id>-action-state`` topic).
         broker: ``kafka://host:port[,host:port]``; ``AGENTS_STREAM_BROKER`` or ``--broker``
-            override it; when nothing is configured the worker starts the embedded broker.
+            override it; with none of them the worker refuses to start (``--broker
+            embedded`` runs the development broker).
         data_dir: where RocksDB caches live (``--data-dir`` overrides).
         schema_registry_url: Confluent Schema Registry; switches Avro framing to the
             Confluent wire format.
@@ -85,6 +86,15 @@ class App:
         prune_completed: tombstone a record's ActionStates once its offset is committed.
         commit_interval: seconds between offset commits.
         partitions: partition count of topics the worker has to create.
+        replication_factor: replication of topics the worker creates (-1: the broker's
+            ``default.replication.factor``); ``--replication-factor`` overrides it.
+        min_insync_replicas: ``min.insync.replicas`` of the ActionState topic it creates
+            (None: the broker default); with ``acks=all`` a journal write then survives
+            the loss of ``min_insync_replicas - 1`` brokers.
+        kafka_config: librdkafka properties every client of the app gets (security,
+            ``client.id``, timeouts), below ``--kafka-config`` and ``AGENTS_STREAM_KAFKA_*``
+            and above our defaults; never shown in reprs or logs.
+        consumer_config / producer_config: client-specific properties on top of those.
         epoch_mode: ``"out_of_order"`` lets records overtake a pending watermark (only the
             watermark waits for its epoch); ``"strict"`` holds them until it is processed.
         out_of_orderness_ms: how late a record timestamp may be behind its partition's
@@ -104,11 +114,14 @@ class App:
     prune_completed: bool = True
     commit_interval: float = 1.0
     partitions: int = 4
+    replication_factor: int = -1
+    min_insync_replicas: int | None = None
     epoch_mode: Literal["out_of_order", "strict"] = "out_of_order"
     out_of_orderness_ms: int = 200
     idle_timeout_ms: int | None = 10_000
-    consumer_config: dict[str, Any] = field(default_factory=dict)
-    producer_config: dict[str, Any] = field(default_factory=dict)
+    kafka_config: dict[str, Any] = field(default_factory=dict, repr=False)
+    consumer_config: dict[str, Any] = field(default_factory=dict, repr=False)
+    producer_config: dict[str, Any] = field(default_factory=dict, repr=False)
     agents: list[AgentBinding] = field(default_factory=list, init=False)
     async_ios: list[AsyncIOBinding] = field(default_factory=list, init=False)
 

@@ -19,11 +19,30 @@ def load_app(spec: str) -> App:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import app module {module_name!r}: {exc}") from exc
-    app = getattr(module, attr or "app", None)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigurationError(
+                f"cannot import app module {module_name!r} (no module {exc.name!r}): fix -A "
+                f"module:attribute, run from the directory that contains it, or set PYTHONPATH"
+            ) from exc
+        raise ConfigurationError(
+            f"app module {module_name!r} failed to import: {exc}; install the missing package"
+        ) from exc
+    except Exception as exc:
+        # The user's module is broken: one line here, the traceback with --loglevel debug.
+        raise ConfigurationError(
+            f"app module {module_name!r} failed to import: {type(exc).__name__}: {exc}; "
+            f"fix the module (python -c 'import {module_name}' shows the traceback)"
+        ) from exc
+    name = attr or "app"
+    app = getattr(module, name, None)
     if not isinstance(app, App):
-        raise ConfigurationError(f"{spec!r} is not an agents_stream.App (got {type(app).__name__})")
+        apps = sorted(k for k, v in vars(module).items() if isinstance(v, App))
+        found = f"its Apps: {', '.join(apps)}" if apps else "it defines no App"
+        problem = "has no attribute" if app is None else "is not an agents_stream.App:"
+        raise ConfigurationError(
+            f"module {module_name!r} {problem} {name!r} ({found}): fix -A module:attribute"
+        )
     return app
 
 
@@ -33,7 +52,8 @@ def add_app_args(parser: argparse.ArgumentParser) -> None:
         "-b",
         "--broker",
         default=None,
-        help="bootstrap servers (kafka://host:port); overrides AGENTS_STREAM_BROKER and App(broker=)",
+        help="bootstrap servers (kafka://host:port[,host:port]); overrides AGENTS_STREAM_BROKER "
+        "and App(broker=)",
     )
     add_log_args(parser)
 

@@ -1,16 +1,28 @@
-"""``agents-stream worker -A module:app``: run the App's agents on a consumer group."""
+"""``agents-stream worker -A module:app``: run the App's agents on a consumer group.
+
+Failures end in one line naming the fix and exit code 1 (tracebacks only with
+``--loglevel debug``): the on-call engineer reads the last line of the log.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import signal
 
-from ..errors import AgentsStreamError
-from ..testing.broker import EmbeddedBroker
+from ..app import BROKER_ENV, App
+from ..errors import AgentsStreamError, ConfigurationError
+from ..kafka.config import CONFIG_FILE_ENV
 from .common import add_app_args, load_app, setup_logging
 
 log = logging.getLogger("agents_stream.cli")
+
+EMBEDDED = "embedded"
+NO_BROKER = (
+    f"no broker configured: pass --broker, set {BROKER_ENV}, or App(broker=...); "
+    "--broker embedded for a local in-memory broker"
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,11 +32,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Start a worker: consume the App's input topics in its consumer group, run the "
             "agents' actions durably, write outputs. Several workers of one App share the "
-            "partitions. With no broker configured (no --broker, AGENTS_STREAM_BROKER or "
-            "App(broker=...)), an embedded broker is started for the worker's lifetime."
+            "partitions. A broker must be configured (--broker, AGENTS_STREAM_BROKER or "
+            "App(broker=...)); --broker embedded starts a local in-memory development "
+            "broker for the worker's lifetime."
         ),
     )
     add_app_args(p)
+    p.add_argument(
+        "--kafka-config",
+        metavar="PATH",
+        default=os.environ.get(CONFIG_FILE_ENV),
+        help=(
+            "librdkafka properties file (key=value lines) applied to every Kafka client, "
+            "over App(kafka_config); AGENTS_STREAM_KAFKA_<PROPERTY> variables override it "
+            f"(default: ${CONFIG_FILE_ENV})"
+        ),
+    )
     p.add_argument(
         "--data-dir",
         default=os.environ.get("AGENTS_STREAM_DATA_DIR"),
@@ -45,21 +68,60 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=10.0,
         help="seconds in-flight records may finish on shutdown or rebalance (default 10)",
     )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=float(os.environ.get("AGENTS_STREAM_STARTUP_TIMEOUT", "10")),
+        help="seconds the cluster may take to answer at startup before the worker gives up "
+        "(default 10, $AGENTS_STREAM_STARTUP_TIMEOUT)",
+    )
+    p.add_argument(
+        "--replication-factor",
+        type=int,
+        default=None,
+        help="replication of topics the worker creates (default: App(replication_factor), "
+        "-1 = the broker's default); existing topics are not changed",
+    )
+    p.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        default=None,
+        help="min.insync.replicas of the ActionState topic when the worker creates it "
+        "(default: App(min_insync_replicas), else the broker's)",
+    )
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..runtime.worker import Worker
+class _Terminated(BaseException):
+    """SIGTERM before the worker's own handlers are installed (import, broker start)."""
 
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+def run(args: argparse.Namespace) -> int:
     setup_logging(args.loglevel)
-    app = load_app(args.app)
-    broker = app.resolve_broker(args.broker)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     embedded = None
-    if broker is None:
-        embedded = EmbeddedBroker().start()
-        broker = embedded.bootstrap
-        log.warning("no broker configured: started an embedded broker on %s", embedded.url)
     try:
+        from ..kafka.admin import validate_topic_names
+        from ..runtime.worker import Worker, worker_topics
+
+        app = load_app(args.app)
+        if args.replication_factor is not None:
+            app.replication_factor = args.replication_factor
+        if args.min_insync_replicas is not None:
+            app.min_insync_replicas = args.min_insync_replicas
+        # Checked before anything touches a broker (or starts one).
+        validate_topic_names(worker_topics(app))
+        broker = _resolve_broker(app, args.broker)
+        if broker == EMBEDDED:
+            from ..runtime.embedded import EmbeddedBroker
+
+            embedded = EmbeddedBroker().start()
+            broker = embedded.bootstrap
+            log.warning("started an embedded in-memory broker on %s (development only)", embedded.url)
         worker = Worker(
             app,
             broker=broker,
@@ -67,12 +129,31 @@ def run(args: argparse.Namespace) -> int:
             worker_id=args.worker_id,
             shutdown_timeout=args.shutdown_timeout,
             max_in_flight=args.max_in_flight,
+            startup_timeout=args.startup_timeout,
+            kafka_config_file=args.kafka_config,
         )
+        signal.signal(signal.SIGTERM, previous)  # the worker installs its own on its loop
         return worker.run()
+    except _Terminated:
+        log.info("stopped by SIGTERM during startup")
+        return 0
     except AgentsStreamError as exc:
-        # Our own errors carry what to fix (e.g. the journal slot that is corrupt).
+        # One line naming the fix; the traceback only at debug level.
         log.critical("worker stopped: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return 1
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if embedded is not None:
             embedded.stop()
+
+
+def _resolve_broker(app: App, override: str | None) -> str:
+    choice = override or os.environ.get(BROKER_ENV) or app.broker
+    if not choice:
+        raise ConfigurationError(NO_BROKER)
+    if choice.strip().lower() == EMBEDDED:
+        return EMBEDDED
+    resolved = app.resolve_broker(override)
+    assert resolved is not None
+    return resolved
+

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..events import Event, OutputEvent
 from .acks import acked
+from .bridge import await_, bridged
 from .callable import DurableCallable, RetryPolicy
 from .errors import (
     CodeBlockViolation,
@@ -134,6 +135,16 @@ class _Call:
     retry: RetryPolicy | None
 
 
+def _run_guarded(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    token = _IN_CODE_BLOCK.set(True)
+    try:
+        return target(*args, **kwargs)
+    finally:
+        # Also on BaseException: a thread's context outlives this call, and a leaked
+        # flag would forbid memory to every later action on that thread.
+        _IN_CODE_BLOCK.reset(token)
+
+
 async def _in_code_block(awaitable: Awaitable[Any]) -> Any:
     _IN_CODE_BLOCK.set(True)  # this task's own context: released when it ends
     return await awaitable
@@ -222,7 +233,7 @@ class RunnerContext:
             return self._finish_sync(index, call, slot.started_ms, True, slot.attempts)
         started = _now_ms()
         if call.reconciler is not None:
-            self._append(self._entry(index, call, CallStatus.PENDING, started)).result()
+            self._wait(self._append(self._entry(index, call, CallStatus.PENDING, started)))
         return self._finish_sync(index, call, started, False, 0)
 
     def execute_async(
@@ -300,30 +311,54 @@ class RunnerContext:
         attempts: int,
     ) -> Any:
         target, args, kwargs = self._invocation(index, call, reconciling)
+        on_loop = bridged()
         tries = 0
         while True:
             tries += 1
             error: Exception | None = None
-            token = _IN_CODE_BLOCK.set(True)
             try:
-                result = target(*args, **kwargs)
+                if on_loop:
+                    result = await_(self._in_pool(target, args, kwargs))
+                else:
+                    result = _run_guarded(target, args, kwargs)
             except Exception as exc:
                 error = exc
-            finally:
-                # Also on BaseException: a thread's context outlives this call, and a
-                # leaked flag would forbid memory to every later action on that thread.
-                _IN_CODE_BLOCK.reset(token)
             if error is not None:
                 if call.retry is not None and call.retry.should_retry(error, tries):
-                    time.sleep(call.retry.delay(tries))
+                    delay = call.retry.delay(tries)
+                    if on_loop:
+                        await_(asyncio.sleep(delay))
+                    else:
+                        time.sleep(delay)
                     continue
-                self._append(self._failed(index, call, started, error, attempts + tries)).result()
+                self._wait(
+                    self._append(self._failed(index, call, started, error, attempts + tries))
+                )
                 raise error
             entry, refusal = self._outcome(index, call, started, result, attempts + tries)
-            self._append(entry).result()
+            self._wait(self._append(entry))
             if refusal is not None:
                 raise refusal
             return result
+
+    def _in_pool(
+        self, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Awaitable[Any]:
+        """A sync action on the loop (see ``bridge``) runs its code block in the pool:
+        the block may block on I/O, the loop must not."""
+        ctx = contextvars.copy_context()
+        return asyncio.get_running_loop().run_in_executor(
+            self._config.executor, ctx.run, _run_guarded, target, args, kwargs
+        )
+
+    @staticmethod
+    def _wait(fut: Future[None]) -> None:
+        """Wait for a journal ack: suspended on the loop when the action is bridged,
+        blocking this thread otherwise."""
+        if bridged():
+            await_(acked(fut))
+        else:
+            fut.result()
 
     # -- slot bookkeeping -----------------------------------------------------------
     def _describe(
@@ -423,7 +458,7 @@ class RunnerContext:
             self.ref, index, call.fid, call.digest, *recorded, dropped=len(dropped), at_ms=_now_ms()
         )
         tombstones = [Tombstone(entry_key(entry)) for entry in doomed]
-        self._store.append([*tombstones, evidence], self.ref.partition).result()
+        self._wait(self._store.append([*tombstones, evidence], self.ref.partition))
 
     def _replay(self, slot: CallEntry) -> Any:
         if slot.status is CallStatus.FAILED:

@@ -32,8 +32,6 @@ snapshot predates it.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -45,6 +43,7 @@ from ..agent import ActionSpec, Agent
 from ..events import Event, EventError, InputEvent, TimerEvent
 from ..state.base import ActionStateStore, all_of
 from .acks import acked
+from .bridge import run_bridged
 from .context import ContextConfig, RunnerContext
 from .journal import (
     ActionDone,
@@ -199,12 +198,9 @@ class ActionRunner:
         if spec.is_async:
             await spec.fn(event, ctx)
         else:
-            # Sync actions run off the loop so that other keys keep flowing; the context
-            # is copied so the code-block guard stays per action.
-            run = contextvars.copy_context().run
-            await asyncio.get_running_loop().run_in_executor(
-                self.config.executor, run, spec.fn, event, ctx
-            )
+            # On the loop, in a greenlet: journal acks suspend it instead of holding a
+            # thread, and its code blocks run in the pool (see durable/bridge.py).
+            await run_bridged(spec.fn, event, ctx)
         outcome.actions_run += 1
         outcome.calls_executed += ctx.executed_calls
         outcome.calls_replayed += ctx.replayed_calls

@@ -1,16 +1,45 @@
-"""Topic creation: inputs, outputs, DLQs and the compacted ActionState topic."""
+"""Topic creation and validation: inputs, outputs, DLQs and the compacted ActionState topic."""
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from ..errors import KafkaIOError
+from ..errors import ConfigurationError, KafkaIOError
+from .config import admin_config
 
 log = logging.getLogger("agents_stream.kafka")
+
+# Kafka's own rule (org.apache.kafka.common.internals.Topic): brokers reject anything else,
+# and some clients fail late and obscurely on it.
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_LENGTH = 249
+
+
+def validate_topic_names(names: Iterable[str]) -> None:
+    """Raise ConfigurationError for the first name Kafka would reject (no I/O)."""
+    for name in names:
+        if not name or name in (".", ".."):
+            problem = "is empty" if not name else "is reserved"
+        elif len(name) > MAX_TOPIC_LENGTH:
+            problem = f"is {len(name)} characters long (Kafka allows {MAX_TOPIC_LENGTH})"
+        elif not _LEGAL_TOPIC.match(name):
+            bad = "".join(sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)}))
+            problem = f"contains {bad!r} (Kafka allows only a-z A-Z 0-9 . _ -)"
+        else:
+            continue
+        raise ConfigurationError(f"invalid topic name {name!r}: it {problem}; rename it in the App")
+
+
+class StartupCancelled(Exception):
+    """A stop was requested while waiting for the cluster."""
 
 
 @dataclass(frozen=True)
@@ -21,36 +50,78 @@ class TopicSpec:
     replication: int = -1  # broker default
 
 
-def compacted(name: str, partitions: int) -> TopicSpec:
-    return TopicSpec(
-        name,
-        partitions,
-        {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", "segment.ms": "3600000"},
-    )
+def compacted(
+    name: str, partitions: int, replication: int = -1, min_insync: int | None = None
+) -> TopicSpec:
+    config = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", "segment.ms": "3600000"}
+    if min_insync is not None:
+        config["min.insync.replicas"] = str(min_insync)
+    return TopicSpec(name, partitions, config, replication)
 
 
 class TopicAdmin:
-    def __init__(self, bootstrap: str, timeout: float = 15.0) -> None:
+    """Admin operations bounded by ``timeout`` seconds each.
+
+    Args:
+        bootstrap: bootstrap servers.
+        timeout: how long the cluster may take to answer before KafkaIOError.
+        cancel: set from another thread (a signal handler) to abandon a wait at once
+            (raises StartupCancelled).
+    """
+
+    def __init__(
+        self, bootstrap: str, timeout: float = 10.0, *, cancel: threading.Event | None = None
+    ) -> None:
         self._bootstrap = bootstrap
         self._timeout = timeout
+        self._cancel = cancel
         self._client: AdminClient | None = None
 
     @property
     def client(self) -> AdminClient:
         if self._client is None:
-            self._client = AdminClient({"bootstrap.servers": self._bootstrap, "log_level": 3})
+            self._client = AdminClient(admin_config(self._bootstrap))
         return self._client
 
+    def _metadata(self) -> object:
+        # Short slices so a stop request is honoured within a fraction of a second.
+        deadline = time.monotonic() + self._timeout
+        while True:
+            if self._cancel is not None and self._cancel.is_set():
+                raise StartupCancelled()
+            left = deadline - time.monotonic()
+            try:
+                return self.client.list_topics(timeout=max(0.05, min(0.5, left)))
+            except KafkaException as exc:
+                if time.monotonic() >= deadline:
+                    self.client.poll(0)  # hand librdkafka's log lines to Python logging
+                    raise KafkaIOError(
+                        f"cannot reach the Kafka cluster at {self._bootstrap} within "
+                        f"{self._timeout:g}s ({exc.args[0].str()}): check --broker / "
+                        "AGENTS_STREAM_BROKER and that the cluster is up and reachable",
+                        code=exc.args[0].code(),
+                    ) from exc
+
     def partition_counts(self, topics: list[str]) -> dict[str, int]:
-        try:
-            md = self.client.list_topics(timeout=self._timeout)
-        except KafkaException as exc:
-            raise KafkaIOError(f"cannot reach {self._bootstrap}: {exc}") from exc
+        md = self._metadata()
         return {
             t: len(md.topics[t].partitions)
             for t in topics
-            if t in md.topics and md.topics[t].partitions
+            if t in md.topics and md.topics[t].partitions  # type: ignore[attr-defined]
         }
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        """The topic's effective configuration as the broker reports it."""
+        futures = self.client.describe_configs(
+            [ConfigResource("topic", topic)], request_timeout=self._timeout
+        )
+        try:
+            (entries,) = (f.result() for f in futures.values())
+        except KafkaException as exc:
+            raise KafkaIOError(
+                f"cannot describe topic {topic}: {exc.args[0].str()}", code=exc.args[0].code()
+            ) from exc
+        return {k: v.value for k, v in entries.items() if v.value is not None}
 
     def ensure(self, specs: list[TopicSpec]) -> dict[str, int]:
         """Create the missing topics; return the partition count of every topic."""

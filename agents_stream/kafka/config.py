@@ -1,15 +1,129 @@
-"""librdkafka configurations. Users' ``consumer_config``/``producer_config`` win."""
+"""librdkafka configurations: one client configuration for every Kafka client.
+
+Layers, later wins: our defaults per client kind; the *common* client configuration
+(security, client.id, timeouts), which is ``App(kafka_config=...)``, then a librdkafka
+properties file (``--kafka-config PATH``), then ``AGENTS_STREAM_KAFKA_*`` environment
+variables (``AGENTS_STREAM_KAFKA_SASL_PASSWORD`` -> ``sasl.password``); finally the
+client-specific ``consumer_config``/``producer_config``. Every builder below applies the
+common layer, so a cluster that needs SASL/TLS is configured once for the worker, its
+cache-rebuild readers, the admin client, the CLI tools and the Spark jobs.
+
+The common layer is process-wide (:func:`configure`): clients are built deep inside
+stores and jobs, and a process talks to one cluster. Secrets never leave this module
+unredacted: log and error text goes through :func:`redact`.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from ..errors import ConfigurationError
+
+ENV_PREFIX = "AGENTS_STREAM_KAFKA_"
+CONFIG_FILE_ENV = "AGENTS_STREAM_KAFKA_CONFIG"  # the path; not itself a property
+REDACTED = "[redacted]"
+_SECRET = re.compile(r"(password|secret|jaas|basic\.auth\.user\.info|key\.pem|token)", re.I)
+
+_common: dict[str, Any] = {}
+log = logging.getLogger("agents_stream.kafka")
+
+
+def is_secret(key: str) -> bool:
+    return bool(_SECRET.search(key))
+
+
+def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy safe to log: secret values replaced, callables shown by name."""
+    out: dict[str, Any] = {}
+    for key, value in conf.items():
+        if is_secret(key):
+            out[key] = REDACTED
+        elif callable(value) or isinstance(value, logging.Logger):
+            out[key] = f"<{type(value).__name__}>"
+        else:
+            out[key] = value
+    return out
+
+
+def read_properties(path: str | Path) -> dict[str, str]:
+    """A librdkafka/Java-style properties file: ``key=value`` lines, ``#``/``!`` comments."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot read Kafka client config {path}: {exc.strerror}; fix --kafka-config"
+        ) from exc
+    conf: dict[str, str] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            # The line may hold a secret: name its number, never its text.
+            raise ConfigurationError(f"{path}:{n}: expected key=value; fix --kafka-config")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def env_properties(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``AGENTS_STREAM_KAFKA_SASL_MECHANISM`` -> ``sasl.mechanism`` (``__`` for a literal
+    ``_``, as in ``AGENTS_STREAM_KAFKA_LOG__LEVEL`` -> ``log_level``)."""
+    environ = os.environ if environ is None else environ
+    conf: dict[str, str] = {}
+    for name, value in environ.items():
+        if name.startswith(ENV_PREFIX) and name != CONFIG_FILE_ENV:
+            key = name[len(ENV_PREFIX) :].lower().replace("__", "\0").replace("_", ".")
+            conf[key.replace("\0", "_")] = value
+    return conf
+
+
+def configure(
+    app_config: Mapping[str, Any] | None = None, config_file: str | Path | None = None
+) -> dict[str, Any]:
+    """Set the process-wide common client configuration; returns it (environment included).
+
+    ``config_file`` defaults to ``$AGENTS_STREAM_KAFKA_CONFIG``.
+    """
+    conf: dict[str, Any] = dict(app_config or {})
+    path = config_file or os.environ.get(CONFIG_FILE_ENV)
+    if path:
+        conf.update(read_properties(path))
+    _common.clear()
+    _common.update(conf)
+    return common_config()
+
+
+def common_config() -> dict[str, Any]:
+    """The common layer as it applies now: :func:`configure`'s, then the environment."""
+    conf = dict(_common)
+    conf.update(env_properties())
+    return conf
+
+
+def _layered(
+    kind: str, defaults: dict[str, Any], bootstrap: str, overrides: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    conf = defaults
+    conf.update(common_config())
+    conf.update(overrides or {})
+    conf["bootstrap.servers"] = bootstrap
+    conf.setdefault("logger", rdkafka_logger())
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s client config: %s", kind, redact(conf))
+    return conf
 
 
 def consumer_config(
     bootstrap: str, group_id: str, overrides: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
         "group.id": group_id,
         # Offsets are committed by the worker only once every action of a record is done.
         "enable.auto.commit": False,
@@ -21,13 +135,11 @@ def consumer_config(
         "max.poll.interval.ms": 300000,
         "log_level": 3,
     }
-    conf.update(overrides or {})
-    return conf
+    return _layered("consumer", conf, bootstrap, overrides)
 
 
 def producer_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
         # Idempotence keeps per-partition order across retries: an ActionDone is never
         # durable unless the call results before it are.
         "enable.idempotence": True,
@@ -39,8 +151,7 @@ def producer_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> 
         "partitioner": "murmur2_random",
         "log_level": 3,
     }
-    conf.update(overrides or {})
-    return conf
+    return _layered("producer", conf, bootstrap, overrides)
 
 
 def reader_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -48,7 +159,6 @@ def reader_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> di
     import uuid
 
     conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
         "group.id": f"agents-stream-reader-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
         "enable.partition.eof": True,
@@ -59,5 +169,47 @@ def reader_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> di
         "fetch.queue.backoff.ms": 10,
         "log_level": 3,
     }
-    conf.update(overrides or {})
-    return conf
+    return _layered("reader", conf, bootstrap, overrides)
+
+
+def admin_config(bootstrap: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return _layered("admin", {"log_level": 3}, bootstrap, overrides)
+
+
+# -- librdkafka's own log -------------------------------------------------------------------
+_SYSLOG_LEVELS = {0: 50, 1: 50, 2: 50, 3: 40, 4: 30, 5: 20, 6: 20, 7: 10}
+_SUPPRESSED = re.compile(r", \d+ identical error\(s\) suppressed")
+_NUMBERS = re.compile(r"\d+")
+
+
+class _Deduplicate(logging.Filter):
+    """Lets one of each librdkafka message through per ``window`` seconds: a broker that
+    is down makes every client repeat the same connect error several times a second."""
+
+    def __init__(self, window: float = 60.0) -> None:
+        super().__init__()
+        self.window = window
+        self._seen: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        # "FAIL [rdkafka#consumer-3] [thrd:...]: <text>": the client name varies too.
+        key = _NUMBERS.sub("#", _SUPPRESSED.sub("", message.split("]: ", 1)[-1]))
+        now = time.monotonic()
+        if now - self._seen.get(key, -self.window) < self.window:
+            return False
+        self._seen[key] = now
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        record.levelno = _SYSLOG_LEVELS.get(record.levelno, record.levelno)
+        record.levelname = logging.getLevelName(record.levelno)
+        return True
+
+
+def rdkafka_logger() -> logging.Logger:
+    """``agents_stream.librdkafka``: where every client's librdkafka log goes (its lines
+    reach Python logging on the client's poll/consume calls)."""
+    logger = logging.getLogger("agents_stream.librdkafka")
+    if not any(isinstance(f, _Deduplicate) for f in logger.filters):
+        logger.addFilter(_Deduplicate())
+    return logger

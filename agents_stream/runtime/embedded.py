@@ -120,7 +120,9 @@ class EmbeddedBroker:
         if proc is None or proc.poll() is not None:
             return
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            # Tansu drains for ~5 s on SIGTERM but stops at once on SIGINT; a memory
+            # broker has nothing to flush.
+            os.killpg(proc.pid, signal.SIGINT)
             proc.wait(timeout=5)
         except (subprocess.TimeoutExpired, ProcessLookupError):
             try:

@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -45,8 +46,14 @@ from ..durable.context import ContextConfig
 from ..durable.journal import TimerEntry
 from ..durable.runner import ActionRunner
 from ..errors import ConfigurationError, KafkaIOError
-from ..kafka.admin import TopicAdmin, TopicSpec, compacted
-from ..kafka.config import consumer_config, producer_config
+from ..kafka.admin import (
+    StartupCancelled,
+    TopicAdmin,
+    TopicSpec,
+    compacted,
+    validate_topic_names,
+)
+from ..kafka.config import configure, consumer_config, producer_config
 from ..kafka.producer import AckingProducer
 from ..serde.journal import default_journal_codec
 from ..serde.values import value_codec
@@ -74,6 +81,10 @@ class Worker:
         data_dir: root of the RocksDB caches.
         worker_id: recorded in every CallResult (default host-pid).
         shutdown_timeout: how long in-flight records may finish on shutdown / revoke.
+        startup_timeout: how long the cluster may take to answer at startup before the
+            worker gives up (KafkaIOError).
+        kafka_config_file: librdkafka properties for every client, over
+            ``app.kafka_config`` (see :mod:`agents_stream.kafka.config`).
     """
 
     def __init__(
@@ -85,9 +96,16 @@ class Worker:
         worker_id: str | None = None,
         shutdown_timeout: float = 10.0,
         max_in_flight: int | None = None,
+        startup_timeout: float = 10.0,
+        kafka_config_file: str | Path | None = None,
     ) -> None:
         if not app.agents and not app.async_ios:
             raise ConfigurationError(f"app {app.id!r} has no agents or async_io operators")
+        validate_topic_names(worker_topics(app))
+        configure(app.kafka_config, kafka_config_file)
+        self.startup_timeout = startup_timeout
+        # Set by signal handlers: blocking startup calls on the kafka thread check it.
+        self._cancel = threading.Event()
         self.app = app
         self.broker = broker
         self.data_dir = Path(data_dir or app.data_dir or ".agents-stream") / app.id
@@ -115,22 +133,29 @@ class Worker:
 
     def stop(self) -> None:
         """Request a graceful stop; safe from any thread and from signal handlers."""
+        self._cancel.set()
         if self._loop is not None and self._stopping is not None:
             self._loop.call_soon_threadsafe(self._stopping.set)
 
     # -- setup --------------------------------------------------------------------------
     def _setup(self) -> None:
         app = self.app
-        self.admin = TopicAdmin(self.broker)
+        self.admin = TopicAdmin(self.broker, self.startup_timeout, cancel=self._cancel)
         inputs = app.input_topics
-        counts = self.admin.ensure([TopicSpec(t, app.partitions) for t in inputs])
+        rf = app.replication_factor
+        counts = self.admin.ensure([TopicSpec(t, app.partitions, replication=rf) for t in inputs])
         state_partitions = max(counts[b.input] for b in app.agents) if app.agents else 1
         outputs = [b.output for b in app.agents if b.output] + [b.output for b in app.async_ios]
-        self.admin.ensure(
-            [TopicSpec(t, app.partitions) for t in outputs]
-            + [TopicSpec(f"{t}-dlq", counts[t]) for t in inputs]
-            + ([compacted(app.action_state_topic, state_partitions)] if app.agents else [])
+        state = compacted(app.action_state_topic, state_partitions, rf, app.min_insync_replicas)
+        counts.update(
+            self.admin.ensure(
+                [TopicSpec(t, app.partitions, replication=rf) for t in outputs]
+                + [TopicSpec(f"{t}-dlq", counts[t], replication=rf) for t in inputs]
+                + ([state] if app.agents else [])
+            )
         )
+        if app.agents:
+            self._check_action_state(counts)
         self.producer = AckingProducer(producer_config(self.broker, app.producer_config))
         self.dlq = DeadLetters(self.producer, app.id)
         self.controller = ExecutionController(self.max_in_flight, epoch_mode=app.epoch_mode)
@@ -201,16 +226,44 @@ class Worker:
         self.consumer = Consumer(conf)
         self.consumer.subscribe(inputs, on_assign=self._on_assign, on_revoke=self._on_revoke)
 
+    def _check_action_state(self, counts: dict[str, int]) -> None:
+        """An existing ActionState topic must be co-partitioned with every agent input (a
+        record's journal lives in its input partition's number) and compacted (the
+        journal of a live key must never expire)."""
+        topic = self.app.action_state_topic
+        for b in self.app.agents:
+            if counts[topic] < counts[b.input]:
+                raise ConfigurationError(
+                    f"ActionState topic {topic} has {counts[topic]} partitions but input "
+                    f"{b.input} has {counts[b.input]}: give {topic} at least "
+                    f"{counts[b.input]} partitions (kafka-topics --alter) or use a new app id"
+                )
+        policy = self.admin.topic_config(topic).get("cleanup.policy", "")
+        if "compact" not in policy.split(","):
+            raise ConfigurationError(
+                f"ActionState topic {topic} has cleanup.policy={policy or 'unset'}: set "
+                f"cleanup.policy=compact on it (kafka-configs --alter --add-config "
+                "cleanup.policy=compact)"
+            )
+
     # -- main loop ----------------------------------------------------------------------
     async def run_async(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
-                self._loop.add_signal_handler(sig, self._stopping.set)
+                self._loop.add_signal_handler(sig, self.stop)
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
-        await self._on_kafka(self._setup)
+        if self._cancel.is_set():
+            return
+        try:
+            await self._on_kafka(self._setup)
+        except StartupCancelled:
+            log.info("stopped during startup")
+            self._kafka.shutdown(wait=False)
+            self._pool.shutdown(wait=False)
+            return
         log.info(
             "worker %s of app %s on %s: inputs %s",
             self.worker_id,
@@ -478,6 +531,15 @@ class Worker:
             abandoned,
             ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items())) or "no records",
         )
+
+
+def worker_topics(app: App) -> list[str]:
+    """Every topic a worker of ``app`` reads or writes."""
+    topics = list(app.input_topics) + [f"{t}-dlq" for t in app.input_topics]
+    topics += [b.output for b in app.agents if b.output] + [b.output for b in app.async_ios]
+    if app.agents:
+        topics.append(app.action_state_topic)
+    return topics
 
 
 def _ignore(ok: bool) -> None:
