@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agents_stream.testing import EmbeddedBroker  # noqa: E402
+from agents_stream.runtime.embedded import EmbeddedBroker  # noqa: E402
 from agents_stream.testing.process import WorkerProcess  # noqa: E402
 from agents_stream.testing.topics import create_topics, produce, wait_for_records  # noqa: E402
 

@@ -10,6 +10,7 @@ import sys
 
 from ..app import App
 from ..errors import ConfigurationError
+from ..kafka.config import CONFIG_FILE_ENV, configure
 
 
 def load_app(spec: str) -> App:
@@ -55,7 +56,22 @@ def add_app_args(parser: argparse.ArgumentParser) -> None:
         help="bootstrap servers (kafka://host:port[,host:port]); overrides AGENTS_STREAM_BROKER "
         "and App(broker=)",
     )
+    parser.add_argument(
+        "--kafka-config",
+        metavar="PATH",
+        default=os.environ.get(CONFIG_FILE_ENV),
+        help=(
+            "librdkafka properties file (key=value lines) applied to every Kafka client, "
+            "over App(kafka_config); AGENTS_STREAM_KAFKA_<PROPERTY> variables override it "
+            f"(default: ${CONFIG_FILE_ENV})"
+        ),
+    )
     add_log_args(parser)
+
+
+def configure_clients(app: App, args: argparse.Namespace) -> None:
+    """Install the common Kafka client configuration of ``app`` and ``--kafka-config``."""
+    configure(app.kafka_config, getattr(args, "kafka_config", None))
 
 
 def add_log_args(parser: argparse.ArgumentParser) -> None:

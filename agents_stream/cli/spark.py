@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from ..errors import AgentsStreamError, ConfigurationError
-from .common import add_app_args, load_app, setup_logging
+from .common import add_app_args, configure_clients, load_app, setup_logging
 
 
 def register(subparsers: Any) -> None:
@@ -102,6 +102,7 @@ def _session(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
     setup_logging(args.loglevel)
     app = load_app(args.app)
+    configure_clients(app, args)
     bootstrap = app.resolve_broker(args.broker)
     if not bootstrap:
         raise ConfigurationError(

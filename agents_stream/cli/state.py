@@ -30,7 +30,7 @@ from ..durable.journal import (
 from ..errors import AgentsStreamError, ConfigurationError, KafkaIOError
 from ..serde.journal import JournalCodec, default_journal_codec
 from ..state.keys import decode_identity
-from .common import add_app_args, load_app, setup_logging
+from .common import add_app_args, configure_clients, load_app, setup_logging
 
 _SHORT = 60
 
@@ -87,6 +87,7 @@ def _read(args: argparse.Namespace, wanted: Any) -> tuple[str, list[JournalEntry
     setup_logging(args.loglevel)
     try:
         app = load_app(args.app)
+        configure_clients(app, args)
         bootstrap = app.resolve_broker(args.broker)
         if not bootstrap:
             raise ConfigurationError(
@@ -126,15 +127,12 @@ def read_latest(
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+    from ..kafka.config import reader_config
+
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"agents-stream-state-cli-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            "log_level": 0,
-        }
+        reader_config(
+            bootstrap, {"group.id": f"agents-stream-state-cli-{uuid.uuid4().hex}", "log_level": 0}
+        )
     )
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)

@@ -13,7 +13,6 @@ import signal
 
 from ..app import BROKER_ENV, App
 from ..errors import AgentsStreamError, ConfigurationError
-from ..kafka.config import CONFIG_FILE_ENV
 from .common import add_app_args, load_app, setup_logging
 
 log = logging.getLogger("agents_stream.cli")
@@ -38,16 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     add_app_args(p)
-    p.add_argument(
-        "--kafka-config",
-        metavar="PATH",
-        default=os.environ.get(CONFIG_FILE_ENV),
-        help=(
-            "librdkafka properties file (key=value lines) applied to every Kafka client, "
-            "over App(kafka_config); AGENTS_STREAM_KAFKA_<PROPERTY> variables override it "
-            f"(default: ${CONFIG_FILE_ENV})"
-        ),
-    )
     p.add_argument(
         "--data-dir",
         default=os.environ.get("AGENTS_STREAM_DATA_DIR"),

@@ -177,7 +177,6 @@ def admin_config(bootstrap: str, overrides: Mapping[str, Any] | None = None) -> 
 
 
 # -- librdkafka's own log -------------------------------------------------------------------
-_SYSLOG_LEVELS = {0: 50, 1: 50, 2: 50, 3: 40, 4: 30, 5: 20, 6: 20, 7: 10}
 _SUPPRESSED = re.compile(r", \d+ identical error\(s\) suppressed")
 _NUMBERS = re.compile(r"\d+")
 
@@ -201,8 +200,6 @@ class _Deduplicate(logging.Filter):
         self._seen[key] = now
         if len(self._seen) > 1000:
             self._seen.clear()
-        record.levelno = _SYSLOG_LEVELS.get(record.levelno, record.levelno)
-        record.levelname = logging.getLevelName(record.levelno)
         return True
 
 

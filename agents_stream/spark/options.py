@@ -235,8 +235,14 @@ def source_options(
 
     Mapping offsets are encoded as Spark's JSON; booleans as ``true``/``false``.
     """
+    from ..kafka.config import common_config
+
     names = topics.split(",") if isinstance(topics, str) else list(topics)
-    out = {
+    # The common client configuration (security) travels as kafka.* options so that
+    # executors' readers connect like the driver; Spark redacts password/secret/token
+    # options in its UI and plans.
+    out = {f"kafka.{k}": _option(v) for k, v in common_config().items()}
+    out |= {
         "kafka.bootstrap.servers": bootstrap,
         "subscribe": ",".join(t.strip() for t in names if t.strip()),
         "startingOffsets": _offsets_option(starting),
@@ -244,8 +250,12 @@ def source_options(
         "includeHeaders": "true",
     }
     for key, value in options.items():
-        out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        out[key] = _option(value)
     return out
+
+
+def _option(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _offsets_option(value: str | OffsetSpec) -> str:

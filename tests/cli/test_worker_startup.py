@@ -188,3 +188,40 @@ def test_embedded_broker_is_opt_in(tmp_path: Path) -> None:
     assert rc == 0, out
     assert "embedded in-memory broker" in out
     assert took < 10, out
+
+
+@pytest.mark.broker
+def test_kafka_config_reaches_every_client_and_secrets_stay_out(
+    broker, topic_factory, tmp_path: Path
+) -> None:
+    secret_file, secret_env = "file-secret-5e1f0a", "env-secret-93c2d7"
+    props = tmp_path / "client.properties"
+    props.write_text(
+        "# every client of the worker gets these\n"
+        "client.id=ops-probe-4711\n"
+        "security.protocol=PLAINTEXT\n"
+        f"sasl.password={secret_file}\n"
+    )
+    env = _env(
+        AS_APP_ID=topic_factory("app"),
+        AS_INPUT=topic_factory("in"),
+        AGENTS_STREAM_KAFKA_SSL_KEY_PASSWORD=secret_env,
+    )
+    cmd = _cmd(
+        "tests.apps.ops_app", "-b", broker.url, "--data-dir", str(tmp_path / "data"),
+        "--kafka-config", str(props), "-l", "debug",
+    )  # fmt: skip
+    rc, out, _ = _terminate_after(cmd, env, "assigned", 0.0)
+    assert rc == 0, out[-3000:]
+    for kind in ("admin", "producer", "consumer", "reader"):
+        lines = [line for line in out.splitlines() if f"{kind} client config" in line]
+        assert lines, f"no {kind} client built:\n{out[-3000:]}"
+        assert all("'client.id': 'ops-probe-4711'" in line for line in lines), lines
+        assert all("'ssl.key.password': '[redacted]'" in line for line in lines), lines
+    assert secret_file not in out and secret_env not in out
+
+    help_text = subprocess.run(
+        [sys.executable, "-m", "agents_stream", "worker", "--help"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "--kafka-config" in help_text and secret_env not in help_text

@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from ...errors import KafkaIOError
 from ...kafka.admin import TopicAdmin
+from ...kafka.config import reader_config
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -50,15 +51,9 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -
     Raises:
         KafkaIOError: the group coordinator could not be asked.
     """
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "log_level": 3,
-            "client.id": f"agents-stream-audit-{uuid.uuid4().hex[:8]}",
-        }
-    )
+    conf = reader_config(bootstrap, {"group.id": group})
+    conf.setdefault("client.id", f"agents-stream-audit-{uuid.uuid4().hex[:8]}")
+    consumer = Consumer(conf)
     try:
         tps = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
     except KafkaException as exc:

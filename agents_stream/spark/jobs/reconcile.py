@@ -42,6 +42,7 @@ from pyspark.sql import functions as F
 from ...app import App
 from ...durable.journal import CallEntry, CallStatus, ExceptionInfo
 from ...errors import AgentsStreamError, ConfigurationError
+from ...kafka.config import admin_config
 from ...serde.journal import default_journal_codec
 from ..action_state import read_journal
 from ..state_writer import ActionStateWriter
@@ -156,7 +157,7 @@ def decide(
 def check_stopped(bootstrap: str, group: str, *, wait_s: float = 15.0) -> None:
     """Raises ReconcileError while consumer group ``group`` has members (waits ``wait_s``
     first: a SIGKILLed worker stays a member until its session times out)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    admin = AdminClient(admin_config(bootstrap))
     deadline = time.monotonic() + wait_s
     while True:
         try:
