@@ -94,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate)
     embedded = None
     try:
-        from ..kafka.admin import validate_topic_names
-        from ..runtime.worker import Worker, worker_topics
+        from ..runtime.worker import Worker
 
         app = load_app(args.app)
         if args.replication_factor is not None:
@@ -103,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         if args.min_insync_replicas is not None:
             app.min_insync_replicas = args.min_insync_replicas
         # Checked before anything touches a broker (or starts one).
-        validate_topic_names(worker_topics(app))
+        Worker.check_options(app)
         broker = _resolve_broker(app, args.broker)
         if broker == EMBEDDED:
             from ..runtime.embedded import EmbeddedBroker

@@ -139,7 +139,10 @@ class TopicAdmin:
                 except KafkaException as exc:
                     if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                         raise KafkaIOError(
-                            f"cannot create topic {name}: {exc}", code=exc.args[0].code()
+                            f"cannot create topic {name}: {exc.args[0].str()}; create it "
+                            "yourself or fix the cause (--replication-factor larger than the "
+                            "cluster, missing CREATE permission)",
+                            code=exc.args[0].code(),
                         ) from exc
         for s in specs:
             existing.setdefault(s.name, s.partitions)

@@ -101,7 +101,7 @@ class Worker:
     ) -> None:
         if not app.agents and not app.async_ios:
             raise ConfigurationError(f"app {app.id!r} has no agents or async_io operators")
-        validate_topic_names(worker_topics(app))
+        self.check_options(app)
         configure(app.kafka_config, kafka_config_file)
         self.startup_timeout = startup_timeout
         # Set by signal handlers: blocking startup calls on the kafka thread check it.
@@ -127,6 +127,12 @@ class Worker:
         self._arm_at: dict[tuple[str, int], int] = {}  # held partition -> input end offset
 
     # -- public -------------------------------------------------------------------------
+    @staticmethod
+    def check_options(app: App) -> None:
+        """Raise ConfigurationError for settings Kafka would reject (no I/O)."""
+        validate_topic_names(worker_topics(app))
+        _check_replication(app)
+
     def run(self) -> int:
         asyncio.run(self.run_async())
         return self.exit_code
@@ -238,7 +244,11 @@ class Worker:
                     f"{b.input} has {counts[b.input]}: give {topic} at least "
                     f"{counts[b.input]} partitions (kafka-topics --alter) or use a new app id"
                 )
-        policy = self.admin.topic_config(topic).get("cleanup.policy", "")
+        try:
+            policy = self.admin.topic_config(topic).get("cleanup.policy", "")
+        except KafkaIOError as exc:  # e.g. no DescribeConfigs permission: cannot tell
+            log.warning("cannot verify that %s is compacted (%s); make sure it is", topic, exc)
+            return
         if "compact" not in policy.split(","):
             raise ConfigurationError(
                 f"ActionState topic {topic} has cleanup.policy={policy or 'unset'}: set "
@@ -530,6 +540,19 @@ class Worker:
             "stopped (%d abandoned): %s",
             abandoned,
             ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items())) or "no records",
+        )
+
+
+def _check_replication(app: App) -> None:
+    rf, isr = app.replication_factor, app.min_insync_replicas
+    if rf == 0 or rf < -1:
+        raise ConfigurationError(
+            f"replication factor {rf} is invalid: use -1 (the broker's default) or >= 1"
+        )
+    if isr is not None and (isr < 1 or (rf > 0 and isr > rf)):
+        raise ConfigurationError(
+            f"min.insync.replicas {isr} is invalid for replication factor {rf}: use "
+            "1 <= min.insync.replicas <= replication factor"
         )
 
 

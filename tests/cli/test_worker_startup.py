@@ -225,3 +225,30 @@ def test_kafka_config_reaches_every_client_and_secrets_stay_out(
         cwd=ROOT, env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "--kafka-config" in help_text and secret_env not in help_text
+
+
+def test_invalid_replication_options_fail_before_the_broker() -> None:
+    cmd = _cmd("tests.apps.ops_app", "-b", UNREACHABLE, "--replication-factor", "2",
+               "--min-insync-replicas", "3")  # fmt: skip
+    rc, out, took = _run(cmd, _env())
+    assert rc == 1
+    _assert_one_line(out, "min.insync.replicas 3 is invalid for replication factor 2")
+    assert took < 5
+
+
+@pytest.mark.broker
+def test_replication_options_reach_created_topics(broker, topic_factory, tmp_path: Path) -> None:
+    app_id, topic = topic_factory("app"), topic_factory("in")
+    env = _env(AS_APP_ID=app_id, AS_INPUT=topic)
+    cmd = _cmd(
+        "tests.apps.ops_app", "-b", broker.url, "--data-dir", str(tmp_path),
+        "--replication-factor", "1", "--min-insync-replicas", "1",
+    )  # fmt: skip
+    rc, out, _ = _terminate_after(cmd, env, "worker ", 0.0)
+    assert rc == 0, out
+    admin = TopicAdmin(broker.bootstrap)
+    state = admin.topic_config(f"{app_id}-action-state")
+    assert state.get("min.insync.replicas") == "1"
+    assert "compact" in state.get("cleanup.policy", "")
+    md = admin.client.list_topics(timeout=10)
+    assert all(len(p.replicas) == 1 for p in md.topics[topic].partitions.values())
