@@ -49,7 +49,7 @@ from ..durable.payload import JSON, PayloadCodec
 from ..durable.runner import ActionRunner, OutputSink
 from ..errors import ConfigurationError
 from ..kafka.admin import TopicAdmin, TopicSpec, compacted
-from ..kafka.config import producer_config
+from ..kafka.config import configure, producer_config
 from ..kafka.producer import AckingProducer
 from ..runtime.dlq import DeadLetters
 from ..runtime.sink import KafkaOutputSink
@@ -92,6 +92,10 @@ class DurableAgent:
             ``<data_dir>/<app_id>/action-state``.
         schema_registry_url, payload_codec, strict_determinism, producer_config: as on
             :class:`~agents_stream.App`.
+        kafka_config: librdkafka settings (security, ``client.id``) for every Kafka
+            client agents_stream creates here: admin, producer, cache-rebuild readers;
+            ``AGENTS_STREAM_KAFKA_CONFIG`` / ``AGENTS_STREAM_KAFKA_*`` apply over it, as
+            for a worker. Faust's own clients keep Faust's settings.
         on_error: ``"dlq"`` (copy to ``<input>-dlq``, ack, go on) or ``"fail"`` (crash
             the Faust app, leave the record unacked).
         worker_id: recorded in every CallResult (default host-pid).
@@ -119,6 +123,7 @@ class DurableAgent:
         strict_determinism: bool = False,
         worker_id: str | None = None,
         producer_config: dict[str, Any] | None = None,
+        kafka_config: dict[str, Any] | None = None,
         prune_completed: bool = True,
         prune_interval: float = 2.0,
         store: ActionStateStore | None = None,
@@ -145,6 +150,8 @@ class DurableAgent:
         self.on_error: OnError = on_error
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self._producer_overrides = dict(producer_config or {})
+        if kafka_config is not None:
+            configure(kafka_config)
         self.prune_completed = prune_completed and store is None
         self._pool = ThreadPoolExecutor(64, thread_name_prefix="agents-stream-action")
         self._context = ContextConfig(
