@@ -11,8 +11,11 @@ import logging
 import os
 import signal
 
+from confluent_kafka import KafkaException
+
 from ..app import BROKER_ENV, App
 from ..errors import AgentsStreamError, ConfigurationError
+from ..kafka.config import scrub
 from .common import add_app_args, load_app, setup_logging
 
 log = logging.getLogger("agents_stream.cli")
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.loglevel)
     previous = signal.signal(signal.SIGTERM, _terminate)
     embedded = None
+    app: App | None = None
     try:
         from ..runtime.worker import Worker
 
@@ -127,12 +131,29 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except AgentsStreamError as exc:
         # One line naming the fix; the traceback only at debug level.
-        log.critical("worker stopped: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        log.critical("worker stopped: %s", _scrub(exc, app), exc_info=_debug())
+        return 1
+    except KafkaException as exc:  # librdkafka refused a client configuration
+        log.critical(
+            "worker stopped: Kafka client configuration rejected: %s; fix --kafka-config, "
+            "AGENTS_STREAM_KAFKA_* or App(kafka_config/consumer_config/producer_config)",
+            _scrub(exc.args[0].str() if exc.args else exc, app),
+            exc_info=_debug(),
+        )
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
         if embedded is not None:
             embedded.stop()
+
+
+def _debug() -> bool:
+    return log.isEnabledFor(logging.DEBUG)
+
+
+def _scrub(error: object, app: App | None) -> str:
+    confs = [app.kafka_config, app.consumer_config, app.producer_config] if app else []
+    return scrub(str(error), *confs)
 
 
 def _resolve_broker(app: App, override: str | None) -> str:

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from ..errors import ConfigurationError, KafkaIOError
-from .config import admin_config
+from .config import admin_config, scrub
 
 log = logging.getLogger("agents_stream.kafka")
 
@@ -80,10 +80,17 @@ class TopicAdmin:
     @property
     def client(self) -> AdminClient:
         if self._client is None:
-            self._client = AdminClient(admin_config(self._bootstrap))
+            try:
+                self._client = AdminClient(admin_config(self._bootstrap))
+            except KafkaException as exc:
+                raise ConfigurationError(
+                    f"Kafka client configuration rejected: {scrub(exc.args[0].str())}; fix "
+                    "--kafka-config, AGENTS_STREAM_KAFKA_* or App(kafka_config)"
+                ) from exc
         return self._client
 
     def _metadata(self) -> object:
+        client = self.client  # a rejected configuration fails here, not after the timeout
         # Short slices so a stop request is honoured within a fraction of a second.
         deadline = time.monotonic() + self._timeout
         while True:
@@ -91,10 +98,10 @@ class TopicAdmin:
                 raise StartupCancelled()
             left = deadline - time.monotonic()
             try:
-                return self.client.list_topics(timeout=max(0.05, min(0.5, left)))
+                return client.list_topics(timeout=max(0.05, min(0.5, left)))
             except KafkaException as exc:
                 if time.monotonic() >= deadline:
-                    self.client.poll(0)  # hand librdkafka's log lines to Python logging
+                    client.poll(0)  # hand librdkafka's log lines to Python logging
                     raise KafkaIOError(
                         f"cannot reach the Kafka cluster at {self._bootstrap} within "
                         f"{self._timeout:g}s ({exc.args[0].str()}): check --broker / "

@@ -51,6 +51,16 @@ def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def scrub(text: str, *confs: Mapping[str, Any]) -> str:
+    """``text`` with every secret value of the common layer and ``confs`` replaced: for
+    messages that may quote a setting back (librdkafka's "Invalid value ...")."""
+    for conf in (common_config(), *confs):
+        for key, value in conf.items():
+            if is_secret(key) and isinstance(value, str) and len(value) >= 3:
+                text = text.replace(value, REDACTED)
+    return text
+
+
 def read_properties(path: str | Path) -> dict[str, str]:
     """A librdkafka/Java-style properties file: ``key=value`` lines, ``#``/``!`` comments."""
     try:

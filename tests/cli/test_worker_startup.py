@@ -252,3 +252,16 @@ def test_replication_options_reach_created_topics(broker, topic_factory, tmp_pat
     assert "compact" in state.get("cleanup.policy", "")
     md = admin.client.list_topics(timeout=10)
     assert all(len(p.replicas) == 1 for p in md.topics[topic].partitions.values())
+
+
+def test_rejected_client_configuration(tmp_path: Path) -> None:
+    props = tmp_path / "client.properties"
+    props.write_text("bogus.property=1\nsasl.password=never-printed-77\n")
+    cmd = _cmd("tests.apps.ops_app", "-b", UNREACHABLE, "--kafka-config", str(props))
+    rc, out, took = _run(cmd, _env())
+    assert rc == 1
+    _assert_one_line(
+        out, "Kafka client configuration rejected", '"bogus.property"', "--kafka-config"
+    )
+    assert "never-printed-77" not in out
+    assert took < 5

@@ -96,3 +96,11 @@ def test_illegal_topic_names(name: str) -> None:
 
 def test_legal_topic_names() -> None:
     validate_topic_names(["a", "A-b_c.9", "x" * 249, "..."])
+
+
+def test_scrub_removes_secret_values_quoted_back() -> None:
+    config.configure({"sasl.password": SECRET})
+    text = f'Invalid value "{SECRET}" for "ssl.key.password"; also "{"other-secret"}"'
+    scrubbed = config.scrub(text, {"ssl.key.password": "other-secret", "client.id": "abc"})
+    assert SECRET not in scrubbed and "other-secret" not in scrubbed
+    assert scrubbed.count(config.REDACTED) == 2
