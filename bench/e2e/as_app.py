@@ -44,7 +44,12 @@ class AsyncBench(Agent):
         ctx.send_event(OutputEvent(output={**event.input, "seen": True, "n": n}))
 
 
-app = App(os.environ.get("AS_BENCH_APP", "bench-e2e"))
+app = App(
+    os.environ.get("AS_BENCH_APP", "bench-e2e"),
+    producer_config=dict(
+        kv.split("=", 1) for kv in os.environ.get("AS_BENCH_PRODUCER", "").split(",") if kv
+    ),
+)
 app.agent(
     SyncBench if KIND == "sync" else AsyncBench,
     input=os.environ.get("AS_BENCH_INPUT", "bench-in"),
