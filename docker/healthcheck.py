@@ -8,11 +8,15 @@ import sys
 from confluent_kafka.admin import AdminClient
 
 from agents_stream.app import normalize_broker
+from agents_stream.kafka.config import admin_config, configure
 
 url = os.environ.get("AGENTS_STREAM_BROKER")
 if not url:
     sys.exit("AGENTS_STREAM_BROKER is not set")
+# Connects like the worker: AGENTS_STREAM_KAFKA_CONFIG and AGENTS_STREAM_KAFKA_* (SASL/TLS).
+configure()
 try:
-    AdminClient({"bootstrap.servers": normalize_broker(url), "log_level": 0}).list_topics(timeout=5)
+    conf = {**admin_config(normalize_broker(url)), "log_level": 0}
+    AdminClient(conf).list_topics(timeout=5)
 except Exception as exc:
     sys.exit(f"broker {url} unreachable: {exc}")
