@@ -106,7 +106,7 @@ class App:
     id: str
     broker: str | None = None
     data_dir: str | None = None
-    schema_registry_url: str | None = None
+    schema_registry_url: str | None = field(default=None, repr=False)  # may hold credentials
     payload_codec: PayloadCodec = JSON
     max_in_flight: int = 6000
     on_error: Literal["dlq", "fail"] = "dlq"

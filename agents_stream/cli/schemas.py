@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..kafka.config import redact_url, scrub, url_secrets
 from ..serde.compat import can_read, check_versions
 from ..serde.errors import SchemaError
 from ..serde.registry import avro_schema, registry_client
@@ -96,7 +97,8 @@ def run_register(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # SchemaRegistryError or transport errors: report, no trace
-        print(f"error: schema registry {args.registry}: {exc}", file=sys.stderr)
+        message = scrub(str(exc), url_secrets(args.registry))
+        print(f"error: schema registry {redact_url(args.registry)}: {message}", file=sys.stderr)
         return 1
     return 0
 

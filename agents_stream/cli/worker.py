@@ -15,7 +15,7 @@ from confluent_kafka import KafkaException
 
 from ..app import BROKER_ENV, App
 from ..errors import AgentsStreamError, ConfigurationError
-from ..kafka.config import scrub
+from ..kafka.config import scrub, url_secrets
 from .common import add_app_args, load_app, setup_logging
 
 log = logging.getLogger("agents_stream.cli")
@@ -153,6 +153,8 @@ def _debug() -> bool:
 
 def _scrub(error: object, app: App | None) -> str:
     confs = [app.kafka_config, app.consumer_config, app.producer_config] if app else []
+    if app is not None:
+        confs.append(url_secrets(app.schema_registry_url))
     return scrub(str(error), *confs)
 
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigurationError
 
@@ -59,6 +60,24 @@ def scrub(text: str, *confs: Mapping[str, Any]) -> str:
             if is_secret(key) and isinstance(value, str) and len(value) >= 3:
                 text = text.replace(value, REDACTED)
     return text
+
+
+def redact_url(url: str) -> str:
+    """``https://user:pass@host`` -> ``https://user:[redacted]@host`` (registry URLs may
+    carry basic-auth credentials)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:{REDACTED}@{parts.hostname}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def url_secrets(url: str | None) -> dict[str, str]:
+    """The password of a URL as a secret setting, for :func:`scrub`."""
+    password = urlsplit(url).password if url else None
+    return {"url.password": password} if password else {}
 
 
 def read_properties(path: str | Path) -> dict[str, str]:

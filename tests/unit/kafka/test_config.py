@@ -104,3 +104,11 @@ def test_scrub_removes_secret_values_quoted_back() -> None:
     scrubbed = config.scrub(text, {"ssl.key.password": "other-secret", "client.id": "abc"})
     assert SECRET not in scrubbed and "other-secret" not in scrubbed
     assert scrubbed.count(config.REDACTED) == 2
+
+
+def test_registry_credentials_in_urls_are_redacted() -> None:
+    url = f"https://agents:{SECRET}@registry.example:8081/path"
+    assert config.redact_url(url) == "https://agents:[redacted]@registry.example:8081/path"
+    assert config.redact_url("http://registry:8081") == "http://registry:8081"
+    assert SECRET not in config.scrub(f"GET {url} failed", config.url_secrets(url))
+    assert SECRET not in repr(App("reg", schema_registry_url=url))
