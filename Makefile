@@ -29,6 +29,7 @@ bench: venv  ## throughput tables against baselines measured in the same run
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff format --check agents_stream
 
 format: venv

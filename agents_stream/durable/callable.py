@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
+
+R = TypeVar("R")
 
 
-class DurableCallable:
+class DurableCallable(Generic[R]):
     """A call with an explicit stable identity, for ``ctx.execute(DurableCallable)``.
 
     Subclasses set ``id`` (stable across deploys, used instead of module + qualname to
@@ -19,15 +21,16 @@ class DurableCallable:
     charge with this call's idempotency key went through.
 
     If ``call``/``reconciler`` take a first parameter named ``call_id`` they receive the
-    slot's stable call id.
+    slot's stable call id. ``DurableCallable[Receipt]`` types what ``ctx.execute``
+    returns for it.
     """
 
     id: str = ""
 
-    def call(self, *args: Any, **kwargs: Any) -> Any:
+    def call(self, *args: Any, **kwargs: Any) -> R:
         raise NotImplementedError
 
-    def reconciler(self, *args: Any, **kwargs: Any) -> Any:
+    def reconciler(self, *args: Any, **kwargs: Any) -> R:
         raise NotImplementedError
 
     @property

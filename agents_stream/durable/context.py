@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from ..events import Event, OutputEvent
 from .acks import acked
@@ -77,6 +77,9 @@ if TYPE_CHECKING:
     from ..state.base import ActionStateStore
 
 log = logging.getLogger("agents_stream.durable")
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _IN_CODE_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "agents_stream_in_code_block", default=False
@@ -200,18 +203,39 @@ class RunnerContext:
             )
 
     # -- durable calls --------------------------------------------------------------
-    def execute(
+    # Typed overloads: the result is ``fn``'s return type. Arguments are checked against
+    # ``fn``'s parameters when nothing library-specific is passed (PEP 612 allows no
+    # keyword-only ``reconciler=``/``retry=`` beside ``P.kwargs``, and ``call_id`` is
+    # injected, so those forms fall back to an unchecked argument list).
+    @overload
+    def execute(self, fn: DurableCallable[R], /, *args: Any, **kwargs: Any) -> R: ...
+    @overload
+    def execute(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
+    def execute(  # type: ignore[overload-cannot-match]
         self,
-        fn: Callable[..., Any] | DurableCallable,
+        fn: Callable[..., R],
+        /,
+        *args: Any,
+        reconciler: Callable[..., Any] | None = None,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> R: ...
+    def execute(  # type: ignore[misc]  # reconciler=/retry= are keyword-only, see above
+        self,
+        fn: Callable[..., Any] | DurableCallable[Any],
         *args: Any,
         reconciler: Callable[..., Any] | None = None,
         retry: RetryPolicy | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Run ``fn(*args, **kwargs)`` durably, in this thread, and return its result.
+        """Run ``fn(*args, **kwargs)`` durably and return its result.
 
-        Blocks the calling action (and, from an ``async`` action, the event loop) until
-        the outcome is journaled and acknowledged. After a crash a journaled outcome is
+        From a sync action, ``fn`` runs in the worker's thread pool while the action
+        waits, suspended on the event loop without holding a thread (``durable/bridge.py``);
+        from an ``async`` action it runs inline and blocks the event loop (use
+        :meth:`execute_async` there). Returns once the outcome is journaled and
+        acknowledged. After a crash a journaled outcome is
         returned / re-raised without running ``fn`` again, the result equal to the
         original, types included.
 
@@ -236,9 +260,41 @@ class RunnerContext:
             self._wait(self._append(self._entry(index, call, CallStatus.PENDING, started)))
         return self._finish_sync(index, call, started, False, 0)
 
+    @overload
     def execute_async(
+        self, fn: DurableCallable[R], /, *args: Any, **kwargs: Any
+    ) -> Awaitable[R]: ...
+    @overload
+    def execute_async(
+        self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Awaitable[R]: ...
+    @overload
+    def execute_async(
+        self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Awaitable[R]: ...
+    @overload
+    def execute_async(  # type: ignore[overload-cannot-match]
         self,
-        fn: Callable[..., Any] | DurableCallable,
+        fn: Callable[..., Awaitable[R]],
+        /,
+        *args: Any,
+        reconciler: Callable[..., Any] | None = None,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> Awaitable[R]: ...
+    @overload
+    def execute_async(  # type: ignore[overload-cannot-match]
+        self,
+        fn: Callable[..., R],
+        /,
+        *args: Any,
+        reconciler: Callable[..., Any] | None = None,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> Awaitable[R]: ...
+    def execute_async(  # type: ignore[misc]  # reconciler=/retry= are keyword-only, see above
+        self,
+        fn: Callable[..., Any] | DurableCallable[Any],
         *args: Any,
         reconciler: Callable[..., Any] | None = None,
         retry: RetryPolicy | None = None,
@@ -363,7 +419,7 @@ class RunnerContext:
     # -- slot bookkeeping -----------------------------------------------------------
     def _describe(
         self,
-        fn: Callable[..., Any] | DurableCallable,
+        fn: Callable[..., Any] | DurableCallable[Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         reconciler: Callable[..., Any] | None,

@@ -135,7 +135,8 @@ class _At(Exception):
     """Unwinds an unsupported value to the top, collecting the path on the way."""
 
     def __init__(self, cls: type, detail: str = "") -> None:
-        self.cls, self.detail, self.path = cls, detail, []
+        self.cls, self.detail = cls, detail
+        self.path: list[str] = []
 
 
 def _class_name(cls: type) -> str:
