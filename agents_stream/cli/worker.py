@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from ..app import BROKER_ENV, App
 from ..errors import AgentsStreamError, ConfigurationError
@@ -133,11 +133,14 @@ def run(args: argparse.Namespace) -> int:
         # One line naming the fix; the traceback only at debug level.
         log.critical("worker stopped: %s", _scrub(exc, app), exc_info=_debug())
         return 1
-    except KafkaException as exc:  # librdkafka refused a client configuration
+    except KafkaException as exc:
+        if not exc.args or exc.args[0].code() != KafkaError._INVALID_ARG:
+            raise
+        # librdkafka refused a client configuration (raised where the client is built).
         log.critical(
             "worker stopped: Kafka client configuration rejected: %s; fix --kafka-config, "
             "AGENTS_STREAM_KAFKA_* or App(kafka_config/consumer_config/producer_config)",
-            _scrub(exc.args[0].str() if exc.args else exc, app),
+            _scrub(exc.args[0].str(), app),
             exc_info=_debug(),
         )
         return 1

@@ -271,3 +271,15 @@ def test_rejected_client_configuration(tmp_path: Path) -> None:
     )
     assert "never-printed-77" not in out
     assert took < 5
+
+
+def test_cli_does_not_import_test_helpers() -> None:
+    code = (
+        "import sys\n"
+        "from agents_stream.cli.main import build_parser\n"
+        "from agents_stream.cli import worker\n"
+        "build_parser()\n"
+        "import agents_stream.runtime.embedded\n"
+        "assert not [m for m in sys.modules if m.startswith('agents_stream.testing')], sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
