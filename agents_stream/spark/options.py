@@ -111,7 +111,7 @@ class KafkaSourceOptions:
         include_headers: whether the ``headers`` column is produced.
     """
 
-    kafka_conf: Mapping[str, str]
+    kafka_conf: Mapping[str, str] = field(repr=False)  # may hold credentials
     topics: tuple[str, ...] = ()
     subscribe_pattern: str | None = None
     starting: OffsetSpec = "earliest"

@@ -112,3 +112,15 @@ def test_registry_credentials_in_urls_are_redacted() -> None:
     assert config.redact_url("http://registry:8081") == "http://registry:8081"
     assert SECRET not in config.scrub(f"GET {url} failed", config.url_secrets(url))
     assert SECRET not in repr(App("reg", schema_registry_url=url))
+
+
+def test_spark_source_options_carry_the_common_config() -> None:
+    from agents_stream.spark.options import KafkaSourceOptions, source_options
+
+    config.configure({"client.id": "spark-probe", "sasl.password": SECRET})
+    options = source_options("h:1", "t", **{"kafka.client.id": "per-read"})
+    parsed = KafkaSourceOptions.from_options(options)
+    assert parsed.kafka_conf["sasl.password"] == SECRET
+    assert parsed.kafka_conf["client.id"] == "per-read"  # explicit options win
+    assert parsed.consumer_conf("reader")["sasl.password"] == SECRET
+    assert SECRET not in repr(parsed)
