@@ -113,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
 
             embedded = EmbeddedBroker().start()
             broker = embedded.bootstrap
-            log.warning("started an embedded in-memory broker on %s (development only)", embedded.url)
+            log.warning(
+                "started an embedded in-memory broker on %s (development only)", embedded.url
+            )
         worker = Worker(
             app,
             broker=broker,
@@ -170,4 +172,3 @@ def _resolve_broker(app: App, override: str | None) -> str:
     resolved = app.resolve_broker(override)
     assert resolved is not None
     return resolved
-

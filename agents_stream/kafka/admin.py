@@ -53,7 +53,11 @@ class TopicSpec:
 def compacted(
     name: str, partitions: int, replication: int = -1, min_insync: int | None = None
 ) -> TopicSpec:
-    config = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", "segment.ms": "3600000"}
+    config = {
+        "cleanup.policy": "compact",
+        "min.compaction.lag.ms": "60000",
+        "segment.ms": "3600000",
+    }
     if min_insync is not None:
         config["min.insync.replicas"] = str(min_insync)
     return TopicSpec(name, partitions, config, replication)
