@@ -1,24 +1,39 @@
 """Execution controller (FLIP-425 style): per-key order, other keys concurrent, bounded.
 
+Timer firings are records here: they take the same path as input records (the host
+submits them under their key), so everything below holds for them too.
+
 * Key accounting: while a record of key K is in flight, later records of K wait in K's
-  blocking buffer, in arrival order; records of other keys start at once.
+  blocking buffer; records of other keys start at once. The buffer is in epoch order,
+  arrival order within an epoch: a timer fired by a watermark goes before the records
+  that arrived after that watermark.
 * Reference counting: a record is finished when its work (and everything it awaited)
   completed; only then does the next record of its key start and its offset become
   committable.
-* In-flight limit: ``in_flight`` counts running plus buffered records; the host stops
-  taking input (pauses partitions) while ``has_capacity`` is false.
+* In-flight limit: ``in_flight`` counts admitted records (running plus key-buffered) and
+  never exceeds ``max_in_flight``. Submitted beyond it (a watermark may fire many timers
+  at once), records wait for admission in epoch order; meanwhile ``has_capacity`` is
+  false, so the host stops taking input (pauses partitions).
 * Watermark epochs: each record joins the current epoch; :meth:`watermark` closes it and
-  its callback runs only once every earlier record finished (see ``epochs.py``). In
-  strict mode a record also waits for the epochs before its own.
+  its callback runs only once every earlier record finished; records submitted by that
+  callback (its timers) belong to the closed epoch, so the next watermark waits for
+  them (see ``epochs.py``). In strict mode a record also waits for the epochs before its
+  own.
+* Quiescence: :meth:`join` returns when nothing is admitted, waiting or running;
+  :meth:`drain` returns when nothing of its groups is, and refuses (abandons) records of
+  those groups submitted while it runs.
+* A raising ``done`` callback is logged; its key goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .epochs import Epoch, EpochManager, EpochMode
 
@@ -36,6 +51,22 @@ class _Pending:
     epoch: Epoch
 
 
+@dataclass
+class _Drain:
+    groups: set[Hashable] | None  # None: every group
+    abandoned: int = 0
+
+    def selects(self, item: _Pending) -> bool:
+        return self.groups is None or item.group in self.groups
+
+
+@dataclass(order=True)
+class _Waiting:
+    epoch_id: int
+    arrival: int
+    item: _Pending = field(compare=False)
+
+
 class ExecutionController:
     def __init__(
         self, max_in_flight: int = 6000, *, epoch_mode: EpochMode = "out_of_order"
@@ -48,6 +79,9 @@ class ExecutionController:
         self._busy: set[Hashable] = set()  # keys with a running record
         self._blocked: dict[Hashable, None] = {}  # keys whose next record waits for an epoch
         self._running: dict[asyncio.Task[None], _Pending] = {}
+        self._waiting: list[_Waiting] = []  # not admitted yet (limit reached), a heap
+        self._arrivals = itertools.count()
+        self._drains: list[_Drain] = []
         self._in_flight = 0
         self._capacity = asyncio.Event()
         self._capacity.set()
@@ -60,12 +94,17 @@ class ExecutionController:
         return self._in_flight
 
     @property
+    def waiting(self) -> int:
+        """Records submitted beyond the in-flight limit, not admitted yet."""
+        return len(self._waiting)
+
+    @property
     def has_capacity(self) -> bool:
-        return self._in_flight < self.max_in_flight
+        return not self._waiting and self._in_flight < self.max_in_flight
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.max_in_flight - self._in_flight)
+        return max(0, self.max_in_flight - self._in_flight) if not self._waiting else 0
 
     async def wait_for_capacity(self) -> None:
         await self._capacity.wait()
@@ -73,20 +112,46 @@ class ExecutionController:
     def submit(
         self, key: Hashable, group: Hashable, work: Work, done: Callable[[bool], None]
     ) -> None:
-        """Run ``work`` after every earlier record of ``key``; ``done`` reports the end."""
+        """Run ``work`` after every earlier record of ``key``; ``done`` reports the end.
+
+        Called from a watermark callback, the record belongs to that watermark's epoch.
+        A record of a group being drained is abandoned at once (``done(False)``).
+        """
         item = _Pending(key, group, work, done, self.epochs.enter())
-        self._in_flight += 1
-        self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
         self._idle.clear()
-        if self._in_flight >= self.max_in_flight:
+        drain = next((d for d in self._drains if d.selects(item)), None)
+        if drain is not None:
+            drain.abandoned += 1
+            self._release(item, False, admitted=False)
+        elif self._waiting or self._in_flight >= self.max_in_flight:
+            heapq.heappush(self._waiting, _Waiting(item.epoch.id, next(self._arrivals), item))
             self._capacity.clear()
-        self._buffers.setdefault(key, deque()).append(item)
-        self._pump(key)
+        else:
+            self._admit(item)
 
     def watermark(self, timestamp: int, process: Callable[[int], None]) -> None:
-        """Close the current epoch; ``process(timestamp)`` runs once it has finished."""
+        """Close the current epoch; ``process(timestamp)`` runs once it has finished, and
+        the records it submits (the timers it fires) belong to the closed epoch."""
         self.epochs.watermark(timestamp, process)
         self._unblock()
+
+    def _admit(self, item: _Pending) -> None:
+        self._in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
+        if self._in_flight >= self.max_in_flight:
+            self._capacity.clear()
+        buffer = self._buffers.setdefault(item.key, deque())
+        # Epoch order first: a timer of an older epoch must not wait behind records that
+        # (in strict mode) cannot start before its watermark is emitted.
+        position = len(buffer)
+        while position > 0 and buffer[position - 1].epoch.id > item.epoch.id:
+            position -= 1
+        buffer.insert(position, item)
+        self._pump(item.key)
+
+    def _admit_waiting(self) -> None:
+        while self._waiting and self._in_flight < self.max_in_flight:
+            self._admit(heapq.heappop(self._waiting).item)
 
     def _pump(self, key: Hashable) -> None:
         if key in self._busy:
@@ -119,48 +184,70 @@ class ExecutionController:
         self._release(item, ok)
         self._pump(item.key)
 
-    def _release(self, item: _Pending, ok: bool) -> None:
-        self._in_flight -= 1
+    def _release(self, item: _Pending, ok: bool, *, admitted: bool = True) -> None:
+        if admitted:
+            self._in_flight -= 1
         try:
             item.done(ok)
-        finally:
-            if self._in_flight < self.max_in_flight:
-                self._capacity.set()
-            if self._in_flight == 0:
-                self._idle.set()
-            self.epochs.leave(item.epoch)
-            if self.epochs.mode == "strict":
-                self._unblock()
+        except Exception:  # the host's bookkeeping failed; the key must still go on
+            log.exception("done callback for key %r failed", item.key)
+        self.epochs.leave(item.epoch)  # may trigger a watermark, which may submit timers
+        self._admit_waiting()
+        if self.epochs.mode == "strict":
+            self._unblock()
+        if self.has_capacity:
+            self._capacity.set()
+        if self._in_flight == 0 and not self._waiting:
+            self._idle.set()
 
     async def join(self) -> None:
-        """Wait until every submitted record finished (buffered ones included)."""
-        await self._idle.wait()
+        """Wait until nothing is admitted, waiting or running (timers included)."""
+        while self._in_flight or self._waiting:
+            await self._idle.wait()  # re-checked: a watermark may have submitted more
 
     async def drain(self, groups: set[Hashable] | None = None, timeout: float = 10.0) -> int:
-        """Stop buffered work of ``groups`` (all when None), wait for its running work up
-        to ``timeout``, then cancel the rest. Returns how many records were abandoned;
-        abandoned records were not committed and replay from the journal later."""
+        """Stop the work of ``groups`` (all when None) and return once none of it runs.
 
-        def selected(item: _Pending) -> bool:
-            return groups is None or item.group in groups
+        Steps: (1) refuse records of ``groups`` submitted from now on (a record that
+        finishes may trigger a watermark that fires their timers); (2) abandon their
+        waiting and buffered records; (3) wait up to ``timeout`` for their running work;
+        (4) cancel what is left and wait until it has stopped. Returns how many records
+        were abandoned; abandoned records were not committed and replay from the journal
+        later (abandoned timers stay in the journal for the next owner).
+        """
+        drain = _Drain(None if groups is None else set(groups))
+        self._drains.append(drain)
+        try:
+            self._drop_queued(drain)
+            running = [t for t, i in self._running.items() if drain.selects(i)]
+            if running:
+                _, pending = await asyncio.wait(running, timeout=timeout)
+                drain.abandoned += len(pending)
+                while pending:
+                    for task in pending:
+                        task.cancel()
+                    _, pending = await asyncio.wait(pending, timeout=1.0)
+                    if pending:
+                        log.warning("%d cancelled records still running", len(pending))
+        finally:
+            self._drains.remove(drain)
+        return drain.abandoned
 
-        abandoned = 0
+    def _drop_queued(self, drain: _Drain) -> None:
+        dropped = [w.item for w in self._waiting if drain.selects(w.item)]
+        if dropped:
+            self._waiting = [w for w in self._waiting if not drain.selects(w.item)]
+            heapq.heapify(self._waiting)
+        for item in dropped:
+            drain.abandoned += 1
+            self._release(item, False, admitted=False)
         for key in list(self._buffers):
             buffer = self._buffers.get(key)
-            dropped = [i for i in buffer or () if selected(i)]
-            if not dropped:
+            selected = [i for i in buffer or () if drain.selects(i)]
+            if not selected:
                 continue
-            self._buffers[key] = deque(i for i in buffer or () if not selected(i))
-            for item in dropped:
-                abandoned += 1
+            self._buffers[key] = deque(i for i in buffer or () if not drain.selects(i))
+            for item in selected:
+                drain.abandoned += 1
                 self._release(item, False)
             self._pump(key)
-        running = [t for t, i in self._running.items() if selected(i)]
-        if running:
-            _, pending = await asyncio.wait(running, timeout=timeout)
-            for task in pending:
-                task.cancel()
-            if pending:
-                abandoned += len(pending)
-                await asyncio.wait(pending, timeout=1.0)
-        return abandoned

@@ -11,16 +11,26 @@ Modes:
     epoch is still finishing; only watermarks wait.
   * ``"strict"``: a record of a later epoch does not start until every earlier epoch is
     complete and its watermark processed (records never overtake a watermark).
+
+A watermark goes through two steps: it is *triggered* once its epoch and every earlier
+one have no unfinished record (its callbacks run and may fire timers), and *emitted*
+once the work its callbacks started has finished too. Work entered while a callback
+runs belongs to the watermark's epoch, not to the open one: the timers a watermark
+fires are records of that epoch, so the next watermark waits for them and, in strict
+mode, later records do not start before them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 EpochMode = Literal["out_of_order", "strict"]
+
+log = logging.getLogger("agents_stream.runtime")
 
 
 @dataclass
@@ -29,6 +39,7 @@ class Epoch:
     unfinished: int = 0
     watermark: int | None = None  # set when the epoch is closed by a watermark
     on_close: list[Callable[[int], None]] = field(default_factory=list)
+    triggered: bool = False  # callbacks ran; emitted once ``unfinished`` is 0 again
 
 
 class EpochManager:
@@ -38,15 +49,17 @@ class EpochManager:
         self.mode = mode
         self._epochs: deque[Epoch] = deque([Epoch(0)])
         self._next_id = 1
-        self.processed_watermark: int | None = None
+        self.processed_watermark: int | None = None  # the last emitted watermark
+        self._triggering: Epoch | None = None
 
     @property
     def current(self) -> Epoch:
         return self._epochs[-1]
 
     def enter(self) -> Epoch:
-        """A record arrived: it belongs to the current (open) epoch."""
-        epoch = self.current
+        """A record arrived: it belongs to the current (open) epoch, unless a watermark
+        callback is running: then it is work of that watermark (a timer it fires)."""
+        epoch = self._triggering or self.current
         epoch.unfinished += 1
         return epoch
 
@@ -72,11 +85,27 @@ class EpochManager:
         return sum(1 for e in self._epochs if e.watermark is not None)
 
     def _fire_ready(self) -> None:
+        if self._triggering is not None:
+            return  # re-entered from a callback; the outer loop re-checks when it returns
         while len(self._epochs) > 1:
             oldest = self._epochs[0]
             if oldest.unfinished > 0 or oldest.watermark is None:
                 return
+            if not oldest.triggered:
+                self._trigger(oldest)
+                continue  # the work it entered (if any) now keeps it open
             self._epochs.popleft()
             self.processed_watermark = oldest.watermark
-            for process in oldest.on_close:
-                process(oldest.watermark)
+
+    def _trigger(self, epoch: Epoch) -> None:
+        assert epoch.watermark is not None
+        epoch.triggered = True
+        self._triggering = epoch
+        try:
+            for process in epoch.on_close:
+                try:
+                    process(epoch.watermark)
+                except Exception:  # one bad callback must not stop event time for good
+                    log.exception("watermark %d callback failed", epoch.watermark)
+        finally:
+            self._triggering = None

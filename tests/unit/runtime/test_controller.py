@@ -178,3 +178,158 @@ def test_drain_abandons_buffered_and_cancels_slow_records():
 def test_epoch_manager_rejects_unknown_mode():
     with pytest.raises(ValueError):
         EpochManager("sometimes")  # type: ignore[arg-type]
+
+
+# -- FLIP-425: timers are records of their watermark's epoch ------------------------------
+
+
+class Timeline:
+    """Work items that log their start and end, for ordering assertions."""
+
+    def __init__(self, controller: ExecutionController) -> None:
+        self.controller = controller
+        self.log: list[str] = []
+        self.running: set[str] = set()
+        self.max_running = 0
+
+    def work(self, name: str, key: str, latency: float):
+        async def run() -> None:
+            assert key not in self.running, f"key {key} ran twice at once"
+            self.running.add(key)
+            self.max_running = max(self.max_running, len(self.running))
+            self.log.append(f"start {name}")
+            try:
+                await asyncio.sleep(latency)
+            finally:
+                self.running.discard(key)
+            self.log.append(f"end {name}")
+
+        return run
+
+    def submit(self, name: str, key: str, latency: float = 0.001, group: str = "p0") -> None:
+        self.controller.submit(key, group, self.work(name, key, latency), lambda ok: None)
+
+    def fire_timers(self, *timers: tuple[str, str], latency: float = 0.01, group: str = "p0"):
+        """A watermark callback that logs itself and fires ``(name, key)`` timers."""
+
+        def process(wm: int) -> None:
+            self.log.append(f"wm {wm}")
+            for name, key in timers:
+                self.submit(name, key, latency, group)
+
+        return process
+
+
+def test_next_watermark_waits_for_the_timers_of_the_previous_one():
+    async def main():
+        controller = ExecutionController(100)
+        t = Timeline(controller)
+        t.submit("a", "a", 0.005)
+        controller.watermark(1, t.fire_timers(("t1", "k"), latency=0.02))
+        controller.watermark(2, t.fire_timers())  # empty epoch: due right after wm 1
+        await asyncio.wait_for(controller.join(), 2)
+        return t.log, controller.epochs.processed_watermark
+
+    log, processed = run(main())
+    assert log.index("end t1") < log.index("wm 2"), log
+    assert processed == 2
+
+
+def test_strict_mode_timers_run_before_later_records():
+    async def main():
+        controller = ExecutionController(100, epoch_mode="strict")
+        t = Timeline(controller)
+        t.submit("a", "a", 0.005)
+        controller.watermark(1, t.fire_timers(("t-b", "b"), ("t-c", "c")))
+        t.submit("b", "b")  # same key as a timer, arrived before the watermark fired
+        t.submit("c2", "c")
+        t.submit("d", "d")  # another key, later epoch
+        await asyncio.wait_for(controller.join(), 2)
+        return t.log
+
+    log = run(main())
+    last_timer_end = max(log.index("end t-b"), log.index("end t-c"))
+    for later in ("start b", "start c2", "start d"):
+        assert last_timer_end < log.index(later), log
+
+
+def test_timer_firings_count_against_the_in_flight_limit():
+    async def main():
+        controller = ExecutionController(2)
+        t = Timeline(controller)
+        t.submit("a", "a", 0.005)
+        timers = [(f"t{i}", f"k{i}") for i in range(6)] + [("ta", "a")]
+        controller.watermark(1, t.fire_timers(*timers, latency=0.005))
+        observed = []
+        while controller.in_flight or not t.log or "end ta" not in t.log:
+            observed.append((controller.in_flight, controller.has_capacity))
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(controller.join(), 2)
+        return controller, t, observed
+
+    controller, t, observed = run(main())
+    assert controller.peak_in_flight <= 2
+    assert t.max_running <= 2
+    assert all(in_flight <= 2 for in_flight, _ in observed)
+    assert len([e for e in t.log if e.startswith("end t")]) == 7
+
+
+def test_join_returns_only_after_the_timers_a_watermark_fired():
+    async def main():
+        controller = ExecutionController(100)
+        t = Timeline(controller)
+        t.submit("a", "a", 0.005)
+        controller.watermark(1, t.fire_timers(("t1", "k"), latency=0.02))
+        await asyncio.wait_for(controller.join(), 2)
+        return list(t.log), t.running
+
+    log, running = run(main())
+    assert "end t1" in log and not running
+
+
+def test_drain_returns_only_when_nothing_of_its_groups_runs():
+    async def main():
+        controller = ExecutionController(100)
+        t = Timeline(controller)
+        t.submit("a", "a", 0.01, group="p0")
+        # A watermark that becomes due while the drain waits fires a timer of p0.
+        controller.watermark(1, t.fire_timers(("t1", "k"), latency=0.01, group="p0"))
+        abandoned = await controller.drain({"p0"}, timeout=1.0)
+        after_drain = list(t.log)
+        await asyncio.sleep(0.05)
+        return abandoned, after_drain, list(t.log), controller.in_flight
+
+    abandoned, after_drain, log, in_flight = run(main())
+    assert log == after_drain, "work of a drained group ran after drain() returned"
+    assert "start t1" not in log and abandoned == 1 and in_flight == 0
+
+
+def test_drain_of_one_group_keeps_the_others_running():
+    async def main():
+        controller = ExecutionController(100)
+        t = Timeline(controller)
+        t.submit("a", "a", 0.01, group="p0")
+        controller.watermark(1, t.fire_timers(("t1", "k"), latency=0.01, group="p1"))
+        await controller.drain({"p0"}, timeout=1.0)
+        await asyncio.wait_for(controller.join(), 2)
+        return t.log
+
+    assert "end t1" in run(main())
+
+
+def test_raising_done_callback_does_not_stall_its_key(caplog):
+    async def main():
+        controller = ExecutionController(100)
+        t = Timeline(controller)
+
+        def boom(ok: bool) -> None:
+            raise RuntimeError("done failed")
+
+        controller.submit("k", "p0", t.work("first", "k", 0.001), boom)
+        t.submit("second", "k")
+        await asyncio.wait_for(controller.join(), 2)
+        return t.log, controller.in_flight
+
+    log, in_flight = run(main())
+    assert "end second" in log and in_flight == 0
+    assert "done failed" in caplog.text
