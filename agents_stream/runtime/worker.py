@@ -11,9 +11,14 @@ Commit protocol (every ``commit_interval`` and on revoke/shutdown):
   2. commit those offsets synchronously;
   3. tombstone the ActionStates of records below the committed offsets (pruning).
 
-Rebalance protocol (on revoke): stop taking records of the revoked partitions, drain
-their in-flight records up to ``shutdown_timeout`` (abandon the rest: they were not
-committed, and replay from the journal on the next owner), commit, close their caches.
+Commit bookkeeping (offsets, finished records) lives on the loop thread, where records
+finish; the kafka thread only receives snapshots. A commit loop that dies of anything
+but a Kafka error stops the worker with exit code 1.
+
+Rebalance protocol (on revoke): stop taking records of the revoked partitions and firing
+their timers, drain their in-flight records and firings up to ``shutdown_timeout``
+(abandon the rest: they were not committed, and replay from the journal on the next
+owner), commit, forget their bookkeeping, prune, close their caches.
 On assign: catch up each partition's RocksDB cache from the ActionState topic before any
 record of it is processed.
 
@@ -21,7 +26,8 @@ Timers (see ``timers.py``): on assign a partition's live timers are loaded held;
 partition is armed once the consumer reached the input end offset seen at assign (or a
 partition EOF). Event-time timers fire when a watermark of their agent's input is
 processed (``_watermark_done``), processing-time timers from a ticker task; a firing is
-submitted to the controller under its key, like a record, but never touches offsets.
+submitted to the controller under its key, like a record (key order, in-flight limit,
+and a watermark's firings are part of its epoch), but never touches offsets.
 """
 
 from __future__ import annotations
@@ -418,23 +424,47 @@ class Worker:
         self._stopping.set()
 
     # -- commits ------------------------------------------------------------------------
+    # Offsets and finished records are bookkept on the loop, where records finish; only
+    # snapshots cross to the kafka thread, so no dict is iterated while another thread
+    # mutates it.
     async def _commit_loop(self) -> None:
+        """Commit every ``commit_interval``; a failure other than Kafka's is fatal, since
+        a dead commit loop would let the worker run on without ever committing."""
         while True:
             await asyncio.sleep(self.app.commit_interval)
             try:
-                await self._on_kafka(self._commit, None)
+                await self._commit(None)
             except KafkaIOError as exc:
                 log.warning("commit failed (will retry): %s", exc)
+            except Exception as exc:
+                log.critical(
+                    "commit loop failed (%s: %s): stopping the worker; uncommitted input "
+                    "is re-consumed on restart",
+                    type(exc).__name__,
+                    exc,
+                    exc_info=exc,
+                )
+                self._fail(exc)
+                return
 
-    def _commit(self, only: set[tuple[str, int]] | None) -> None:
-        """Runs on the kafka thread: commit finished prefixes, then prune below them."""
-        offsets = {
+    async def _commit(self, only: set[tuple[str, int]] | None) -> None:
+        """Steps 1-3 of the commit protocol; runs on the loop, commits on the kafka thread."""
+        offsets = self._committable(only)
+        if not offsets:
+            return
+        await self._on_kafka(self._commit_offsets, offsets)
+        await self._on_kafka(self._prune, self._committed(offsets))
+
+    def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]:
+        """Loop thread: a snapshot of the offsets to commit."""
+        return {
             tp: o
             for tp, o in self.offsets.committable().items()
             if (only is None or tp in only) and tp in self._owned
         }
-        if not offsets:
-            return
+
+    def _commit_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Kafka thread: commit the snapshot synchronously."""
         try:
             self.consumer.commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
@@ -442,20 +472,32 @@ class Worker:
             )
         except Exception as exc:
             raise KafkaIOError(f"offset commit failed: {exc}") from exc
-        for tp, position in offsets.items():
-            self.offsets.get(*tp).committed = position
-            self._prune(tp, position)
 
-    def _prune(self, tp: tuple[str, int], committed: int) -> None:
-        finished = self._finished.get(tp)
-        if not finished:
+    def _committed(
+        self, offsets: dict[tuple[str, int], int]
+    ) -> dict[tuple[str, int], list[tuple[int, str]]]:
+        """Loop thread: record the commit; take the finished records it covers."""
+        done: dict[tuple[str, int], list[tuple[int, str]]] = {}
+        for tp, position in offsets.items():
+            tracker = self.offsets.partitions.get(tp)
+            if tracker is None:
+                continue  # revoked meanwhile
+            tracker.committed = max(tracker.committed, position)
+            finished = self._finished.get(tp)
+            if finished:
+                done[tp] = [(o, k) for o, k in finished if o < position]
+                self._finished[tp] = [(o, k) for o, k in finished if o >= position]
+        return done
+
+    def _prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None:
+        """Kafka thread: tombstone the ActionStates of committed records."""
+        if self.store is None or not self.app.prune_completed:
             return
-        done = [(o, k) for o, k in finished if o < committed]
-        self._finished[tp] = [(o, k) for o, k in finished if o >= committed]
-        if self.store is None or not self.app.prune_completed or tp[0] not in self._agents:
-            return
-        for offset, key in done:
-            self.store.prune(key, offset, tp[1])
+        for (topic, partition), records in done.items():
+            if topic not in self._agents:
+                continue
+            for offset, key in records:
+                self.store.prune(key, offset, partition)
 
     # -- rebalance (kafka thread) ---------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -496,32 +538,60 @@ class Worker:
         if not revoked:
             return
         assert self._loop is not None
-        abandoned = asyncio.run_coroutine_threadsafe(
-            self.controller.drain(revoked, self.shutdown_timeout), self._loop
+        # This thread is blocked in the callback, so the loop side cannot call back into
+        # it: the loop quiesces and snapshots, this thread commits, the loop forgets.
+        abandoned, offsets = asyncio.run_coroutine_threadsafe(
+            self._quiesce(revoked), self._loop
         ).result()
-        try:
-            self._commit(revoked)
-        except KafkaIOError as exc:
-            log.warning("commit on revoke failed: %s", exc)
+        committed: dict[tuple[str, int], int] = {}
+        if offsets:
+            try:
+                self._commit_offsets(offsets)
+                committed = offsets
+            except KafkaIOError as exc:
+                log.warning("commit on revoke failed: %s", exc)
+        done = asyncio.run_coroutine_threadsafe(
+            self._forget(revoked, committed), self._loop
+        ).result()
+        self._prune(done)
         for topic, partition in revoked:
-            if topic in self._watermarks:
-                self._loop.call_soon_threadsafe(self._watermarks[topic].forget, partition)
-            if topic in self._agents:
-                name = self._agents[topic].name
-                self._loop.call_soon_threadsafe(self.timers.drop, name, partition)
-                self._loop.call_soon_threadsafe(self._arm_at.pop, (topic, partition), None)
-            host = self._async_ios.get(topic)
-            if host is not None:  # a revoked partition must not hold back the watermark
-                self._loop.call_soon_threadsafe(host.forget_partitions, [partition])
             self._owned.discard((topic, partition))
-            self.offsets.drop(topic, partition)
-            self._finished.pop((topic, partition), None)
             if topic in self._agents and self.store is not None:
                 self._state_refs[partition] -= 1
                 if self._state_refs[partition] <= 0:
                     self._state_refs.pop(partition, None)
                     self.store.revoke(partition)
         log.info("revoked %s (%d in-flight records abandoned)", _fmt(partitions), abandoned)
+
+    async def _quiesce(
+        self, revoked: set[tuple[str, int]]
+    ) -> tuple[int, dict[tuple[str, int], int]]:
+        """Loop side of a revoke, before the commit: no timer of ``revoked`` fires from
+        now on (a firing after the drain would run again on the next owner), then
+        their in-flight work is drained. Returns the abandoned count and the offsets
+        to commit."""
+        for topic, partition in revoked:
+            if topic in self._agents:
+                self.timers.drop(self._agents[topic].name, partition)
+                self._arm_at.pop((topic, partition), None)
+        abandoned = await self.controller.drain(revoked, self.shutdown_timeout)
+        return abandoned, self._committable(revoked)
+
+    async def _forget(
+        self, revoked: set[tuple[str, int]], committed: dict[tuple[str, int], int]
+    ) -> dict[tuple[str, int], list[tuple[int, str]]]:
+        """Loop side of a revoke, after the commit: drop the partitions' bookkeeping;
+        returns the finished records the commit covers (to prune)."""
+        done = self._committed(committed)
+        for topic, partition in revoked:
+            if topic in self._watermarks:
+                self._watermarks[topic].forget(partition)
+            host = self._async_ios.get(topic)
+            if host is not None:  # a revoked partition must not hold back the watermark
+                host.forget_partitions([partition])
+            self.offsets.drop(topic, partition)
+            self._finished.pop((topic, partition), None)
+        return done
 
     # -- shutdown -----------------------------------------------------------------------
     async def _shutdown(self) -> None:
@@ -534,7 +604,7 @@ class Worker:
         await asyncio.gather(*closing, return_exceptions=True)
         if self.exit_code == 0:
             try:
-                await self._on_kafka(self._commit, None)
+                await self._commit(None)
             except KafkaIOError as exc:
                 log.warning("final commit failed: %s", exc)
         await self._on_kafka(self.consumer.close)

@@ -1,0 +1,203 @@
+"""Worker commit protocol without a broker: which thread touches what, and failures.
+
+The offset and finished-record bookkeeping is mutated on the event loop as records
+finish; the consumer lives on the kafka thread. These tests drive ``_commit_loop`` with
+a fake consumer and store and check that the bookkeeping never crosses threads, that
+records finishing during a commit survive its prune, and that a commit loop that dies
+stops the worker with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import defaultdict
+
+import pytest
+
+from agents_stream import Agent, App, InputEvent, RunnerContext, action
+from agents_stream.runtime.offsets import OffsetTracker
+from agents_stream.runtime.worker import Worker
+
+TP = ("in", 0)
+
+
+class Echo(Agent):
+    @action(InputEvent)
+    @staticmethod
+    def handle(event: InputEvent, ctx: RunnerContext) -> None:
+        pass
+
+
+class FakeConsumer:
+    def __init__(self, failures: list[BaseException] | None = None) -> None:
+        self.failures = list(failures or [])
+        self.commits: list[dict[tuple[str, int], int]] = []
+        self.gate: threading.Event | None = None  # set: commit returns
+        self.entered = threading.Event()
+
+    def commit(self, offsets, asynchronous):
+        assert asynchronous is False
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(5), "test never released the commit"
+        if self.failures:
+            raise self.failures.pop(0)
+        self.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.pruned: list[tuple[str, int, int]] = []
+
+    def prune(self, key: str, seq: int, partition: int) -> None:
+        self.pruned.append((key, seq, partition))
+
+
+class LoopOnly(defaultdict):
+    """Finished-record bookkeeping that must only be touched on the loop's thread."""
+
+    def __init__(self, owner: threading.Thread) -> None:
+        super().__init__(list)
+        self.owner = owner
+        self.foreign: list[str] = []
+
+    def _check(self, what: str) -> None:
+        if threading.current_thread() is not self.owner:
+            self.foreign.append(f"{what} on {threading.current_thread().name}")
+
+    def get(self, *args):
+        self._check("get")
+        return super().get(*args)
+
+    def __getitem__(self, key):
+        self._check("getitem")
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value) -> None:
+        self._check("setitem")
+        super().__setitem__(key, value)
+
+    def pop(self, *args):
+        self._check("pop")
+        return super().pop(*args)
+
+
+class ThreadCheckedOffsets(OffsetTracker):
+    def __init__(self, owner: threading.Thread, fail: BaseException | None = None) -> None:
+        super().__init__()
+        self.owner = owner
+        self.fail = fail
+        self.foreign: list[str] = []
+
+    def committable(self) -> dict[tuple[str, int], int]:
+        if threading.current_thread() is not self.owner:
+            self.foreign.append(threading.current_thread().name)
+        if self.fail is not None:
+            raise self.fail
+        return super().committable()
+
+
+def make_worker(tmp_path, consumer: FakeConsumer, offsets_fail: BaseException | None = None):
+    app = App("unit-commits", commit_interval=0.01)
+    app.agent(Echo, input="in")
+    worker = Worker(app, broker="127.0.0.1:1", data_dir=tmp_path)
+    loop_thread = threading.current_thread()
+    worker.consumer = consumer  # type: ignore[assignment]
+    worker.offsets = ThreadCheckedOffsets(loop_thread, offsets_fail)
+    worker._finished = LoopOnly(loop_thread)
+    worker.store = FakeStore()  # type: ignore[assignment]
+    worker._agents = {"in": object()}  # type: ignore[dict-item]
+    worker._owned.add(TP)
+    return worker
+
+
+def finish(worker: Worker, offset: int, key: str) -> None:
+    """What the worker does on the loop when a record finished."""
+    tracker = worker.offsets.get(*TP)
+    tracker.start(offset)
+    tracker.finish(offset)
+    worker._finished[TP].append((offset, key))
+
+
+async def bind(worker: Worker) -> None:
+    worker._loop = asyncio.get_running_loop()
+    worker._stopping = asyncio.Event()
+
+
+def test_records_finishing_during_a_commit_survive_its_prune(tmp_path):
+    consumer = FakeConsumer()
+    consumer.gate = threading.Event()
+    worker = make_worker(tmp_path, consumer)
+
+    async def main():
+        await bind(worker)
+        for offset in range(3):
+            finish(worker, offset, f"k{offset}")
+        loop = asyncio.create_task(worker._commit_loop())
+        await asyncio.get_running_loop().run_in_executor(None, consumer.entered.wait, 5)
+        for offset in range(3, 6):  # finish while the commit call is in flight
+            finish(worker, offset, f"k{offset}")
+        consumer.gate.set()
+        while len(consumer.commits) < 2:
+            await asyncio.sleep(0.01)
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        worker._kafka.shutdown(wait=True)
+
+    asyncio.run(main())
+    assert consumer.commits[0] == {TP: 3}
+    assert consumer.commits[1] == {TP: 6}
+    assert sorted(worker.store.pruned) == [(f"k{o}", o, 0) for o in range(6)]
+    assert worker._finished[TP] == []
+    assert worker._finished.foreign == [], "finished records touched off the loop"
+    assert worker.offsets.foreign == [], "offsets read off the loop"
+    assert worker.exit_code == 0
+
+
+def test_a_kafka_commit_error_is_retried(tmp_path, caplog):
+    consumer = FakeConsumer(failures=[RuntimeError("broker went away")])
+    worker = make_worker(tmp_path, consumer)
+
+    async def main():
+        await bind(worker)
+        finish(worker, 0, "k")
+        loop = asyncio.create_task(worker._commit_loop())
+        for _ in range(300):
+            if consumer.commits:
+                break
+            await asyncio.sleep(0.01)
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        worker._kafka.shutdown(wait=True)
+
+    with caplog.at_level(logging.WARNING, "agents_stream.worker"):
+        asyncio.run(main())
+    assert consumer.commits == [{TP: 1}]
+    assert "will retry" in caplog.text and worker.exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "fail",
+    [RuntimeError("dictionary changed size during iteration"), KeyError(("in", 0))],
+    ids=["runtime-error", "key-error"],
+)
+def test_a_crashing_commit_loop_stops_the_worker_non_zero(tmp_path, caplog, fail):
+    worker = make_worker(tmp_path, FakeConsumer(), offsets_fail=fail)
+
+    async def main():
+        await bind(worker)
+        finish(worker, 0, "k")
+        loop = asyncio.create_task(worker._commit_loop())
+        try:
+            await asyncio.wait_for(worker._stopping.wait(), 2)
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+            worker._kafka.shutdown(wait=True)
+
+    with caplog.at_level(logging.ERROR, "agents_stream.worker"):
+        asyncio.run(main())
+    assert worker.exit_code != 0
+    assert "commit loop" in caplog.text and "stopping" in caplog.text
