@@ -201,3 +201,52 @@ def test_a_crashing_commit_loop_stops_the_worker_non_zero(tmp_path, caplog, fail
         asyncio.run(main())
     assert worker.exit_code != 0
     assert "commit loop" in caplog.text and "stopping" in caplog.text
+
+
+class FakeAgentHost:
+    """Stands in for AgentHost: records run on the controller, timers are recorded."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.binding = self
+        self.fired: list[tuple[str, int]] = []
+
+    async def handle_timer(self, timer) -> None:
+        self.fired.append((timer.key, timer.ts))
+
+
+def test_a_revoked_partition_fires_no_timer_after_the_revoke(tmp_path):
+    from confluent_kafka import TopicPartition
+
+    from agents_stream.durable.journal import TimerEntry
+    from agents_stream.runtime.controller import ExecutionController
+
+    worker = make_worker(tmp_path, FakeConsumer())
+    worker.store = None
+    host = FakeAgentHost()
+    worker._agents = {"in": host}  # type: ignore[dict-item]
+    worker._watermarks = {}
+    worker._async_ios = {}
+    worker.event_time = {}
+    worker.timers.load("echo", 0, [TimerEntry("k", "event", 5, "echo", 0)], armed=True)
+
+    async def main():
+        await bind(worker)
+        worker.controller = ExecutionController(10)
+        worker.offsets.get(*TP).start(0)
+
+        async def record() -> None:
+            await asyncio.sleep(0.05)
+
+        worker.controller.submit("r", TP, record, lambda ok: None)
+        # Due once the record finishes, i.e. while the revoke drains partition 0.
+        worker.controller.watermark(10, lambda wm: worker._watermark_done("in", wm))
+        await worker._on_kafka(worker._on_revoke, worker.consumer, [TopicPartition(*TP)])
+        await asyncio.sleep(0.05)
+        await worker.controller.join()
+        worker._kafka.shutdown(wait=True)
+
+    asyncio.run(main())
+    assert host.fired == [], "a revoked partition's timer fired (the next owner fires it)"
+    assert TP not in worker._owned and worker.timers.pending() == 0
