@@ -333,3 +333,55 @@ def test_raising_done_callback_does_not_stall_its_key(caplog):
     log, in_flight = run(main())
     assert "end second" in log and in_flight == 0
     assert "done failed" in caplog.text
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("record"), st.sampled_from("abcd")),
+            st.tuples(st.just("watermark"), st.lists(st.sampled_from("abcd"), max_size=4)),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(1, 4),
+    st.sampled_from(["out_of_order", "strict"]),
+    st.integers(0, 10_000),
+)
+def test_timers_as_records_under_random_schedules(ops, limit, mode, seed):
+    """Whatever the schedule: no deadlock, key order, the limit, and each watermark's
+    timers finish before the next watermark fires (and, strict, before later records)."""
+    rng = random.Random(seed)
+
+    async def main():
+        controller = ExecutionController(limit, epoch_mode=mode)
+        t = Timeline(controller)
+        later_records: dict[int, list[str]] = {}  # watermark -> records submitted after it
+        watermarks = 0
+        for n, (op, arg) in enumerate(ops):
+            await controller.wait_for_capacity()  # what the worker's consume loop does
+            if op == "record":
+                name = f"r{n}"
+                t.submit(name, arg, rng.random() * 0.003)
+                for names in later_records.values():
+                    names.append(name)
+            else:
+                watermarks += 1
+                timers = [(f"t{watermarks}.{i}", key) for i, key in enumerate(arg)]
+                controller.watermark(watermarks, t.fire_timers(*timers, latency=0.001))
+                later_records[watermarks] = []
+        await asyncio.wait_for(controller.join(), 5)
+        return controller, t, later_records, watermarks
+
+    controller, t, later_records, watermarks = run(main())
+    log = t.log
+    assert controller.peak_in_flight <= limit and t.max_running <= limit
+    assert controller.epochs.processed_watermark == (watermarks or None)
+    for wm in range(1, watermarks + 1):
+        ends = [i for i, e in enumerate(log) if e.startswith(f"end t{wm}.")]
+        if wm < watermarks and ends:
+            assert max(ends) < log.index(f"wm {wm + 1}"), log
+        if mode == "strict" and ends:
+            for name in later_records[wm]:
+                assert max(ends) < log.index(f"start {name}"), log
