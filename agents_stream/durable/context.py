@@ -74,7 +74,7 @@ from .payload import PayloadCodec, encode_result
 from .timers import Timers
 
 if TYPE_CHECKING:
-    from ..state.base import ActionStateStore
+    from .store import ActionStateStore
 
 log = logging.getLogger("agents_stream.durable")
 

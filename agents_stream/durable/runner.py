@@ -41,7 +41,6 @@ from typing import Any, Protocol
 
 from ..agent import ActionSpec, Agent
 from ..events import Event, EventError, InputEvent, TimerEvent
-from ..state.base import ActionStateStore, all_of
 from .acks import acked
 from .bridge import run_bridged
 from .context import ContextConfig, RunnerContext
@@ -57,6 +56,7 @@ from .journal import (
     entry_key,
 )
 from .memory import apply_updates
+from .store import ActionStateStore, all_of
 
 
 class OutputSink(Protocol):

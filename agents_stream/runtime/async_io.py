@@ -43,9 +43,9 @@ from confluent_kafka import Message
 
 from ..aio import AsyncWaitOperator, Element, OperatorClosedError
 from ..app import AsyncIOBinding
+from ..durable.store import all_of
 from ..kafka.producer import AckingProducer
 from ..serde.values import ValueCodec, value_codec
-from ..state.base import all_of
 from .dlq import DeadLetters
 from .watermarks import WatermarkGenerator, monotonic_ms
 

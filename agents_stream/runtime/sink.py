@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from ..durable.store import all_of
 from ..kafka.producer import AckingProducer
-from ..state.base import all_of
 
 
 class KafkaOutputSink:

@@ -1,6 +1,6 @@
 """ActionState stores: the interface, an in-memory one, and Kafka + RocksDB."""
 
-from .base import ActionStateStore
+from ..durable.store import ActionStateStore
 from .memory import InMemoryActionStateStore
 
 __all__ = ["ActionStateStore", "InMemoryActionStateStore"]

@@ -11,80 +11,29 @@ worker before a crash, by another owner, or by a Spark reconcile job) is replaye
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch
-
 from ..durable.journal import (
     ActionDone,
     ActionRef,
     CallEntry,
+    InputProgress,
     JournalEntry,
     MemorySnapshot,
     TimerEntry,
     Tombstone,
 )
+from ..durable.store import ActionStateStore, all_of
 from ..kafka.producer import Ack, AckingProducer
 from ..serde.journal import JournalCodec
 from . import keys
-from .base import ActionStateStore, all_of
+from .cache import PartitionCache
 from .recovery import rebuild_partitions
 
 log = logging.getLogger("agents_stream.state")
-
-CHECKPOINT_KEY = b"\x00checkpoint"
-
-
-class PartitionCache:
-    """RocksDB view of one ActionState partition."""
-
-    def __init__(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        self.path = path
-        self.db = Rdict(str(path), options=opts)
-
-    @property
-    def checkpoint(self) -> int:
-        raw = self.db.get(CHECKPOINT_KEY)
-        return int(raw) if raw is not None else 0
-
-    def apply(self, records: Sequence[tuple[bytes, bytes | None]], next_offset: int) -> None:
-        batch = WriteBatch(raw_mode=True)
-        for key, value in records:
-            if value is None:
-                batch.delete(key)
-            else:
-                batch.put(key, value)
-        if next_offset > self.checkpoint:
-            batch.put(CHECKPOINT_KEY, str(next_offset).encode())
-        self.db.write(batch)
-
-    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        out = []
-        it = self.db.iter()
-        it.seek(prefix)
-        while it.valid():
-            key = it.key()
-            if not key.startswith(prefix):
-                break
-            out.append((key, it.value()))
-            it.next()
-        del it
-        return out
-
-    def close(self) -> None:
-        self.db.close()
-
-    def destroy(self) -> None:
-        self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
-
 
 class KafkaActionStateStore(ActionStateStore):
     def __init__(
@@ -161,6 +110,14 @@ class KafkaActionStateStore(ActionStateStore):
         entry = self._decode(keys.memory_key(key), raw)
         return entry if isinstance(entry, MemorySnapshot) else None
 
+    def progress(self, topic: str, partition: int) -> InputProgress | None:
+        raw_key = keys.progress_key(topic, partition)
+        raw = self._cache(partition).db.get(raw_key)
+        if raw is None:
+            return None
+        entry = self._decode(raw_key, raw)
+        return entry if isinstance(entry, InputProgress) else None
+
     def timer(self, probe: TimerEntry) -> TimerEntry | None:
         raw_key = keys.timer_key(probe)
         raw = self._cache(probe.partition).db.get(raw_key)
@@ -198,7 +155,7 @@ class KafkaActionStateStore(ActionStateStore):
             k
             for p in keys.record_prefixes(timer.key, timer.seq)
             for k, _ in cache.scan(p)
-            if timer.owns(keys.decode_identity(k)[3])
+            if timer.owns(keys.identity_fields(keys.decode_identity(k)).get("action", ""))
         ]
         return self._tombstone(doomed, timer.partition)
 
@@ -216,11 +173,20 @@ class KafkaActionStateStore(ActionStateStore):
         ]
         return self._tombstone(doomed, ref.partition)
 
-    def prune(self, key: str, seq: int, partition: int) -> None:
+    def prune(self, key: str, seq: int, partition: int, topic: str = "") -> None:
         cache = self._caches.get(partition)
         if cache is None:
             return
-        doomed = [k for p in keys.record_prefixes(key, seq) for k, _ in cache.scan(p)]
+        doomed = []
+        if topic:
+            doomed = [k for p in keys.record_prefixes(key, seq, topic) for k, _ in cache.scan(p)]
+        if not topic or topic in self.legacy_topics:
+            doomed += [
+                k
+                for p in keys.record_prefixes(key, seq)
+                for k, _ in cache.scan(p)
+                if keys.is_legacy(keys.decode_identity(k))
+            ]
         self._tombstone(doomed, partition)
 
     def _on_acked(self, acks: list[Ack]) -> None:

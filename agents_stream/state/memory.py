@@ -11,13 +11,14 @@ from ..durable.journal import (
     ActionDone,
     ActionRef,
     CallEntry,
+    InputProgress,
     JournalEntry,
     MemorySnapshot,
     TimerEntry,
     Tombstone,
     entry_key,
 )
-from .base import ActionStateStore, completed_future
+from ..durable.store import ActionStateStore, completed_future
 
 Identity = tuple[object, ...]
 
@@ -54,15 +55,20 @@ class InMemoryActionStateStore(ActionStateStore):
     def calls(self, ref: ActionRef) -> dict[int, CallEntry]:
         with self._lock:
             out = {}
+            head = ref_identity("c", ref)
             for k in self._record(ref.key, ref.seq):
                 e = self._entries[k]
-                if isinstance(e, CallEntry) and k[:4] == ("c", ref.key, ref.seq, ref.action):
+                if isinstance(e, CallEntry) and k[:-1] == head:
                     out[e.index] = e
             return out
 
     def done(self, ref: ActionRef) -> ActionDone | None:
-        entry = self._entries.get(("a", ref.key, ref.seq, ref.action))
+        entry = self._entries.get(ref_identity("a", ref))
         return entry if isinstance(entry, ActionDone) else None
+
+    def progress(self, topic: str, partition: int) -> InputProgress | None:
+        entry = self._entries.get(progress_identity(topic, partition))
+        return entry if isinstance(entry, InputProgress) else None
 
     def memory(self, key: str, partition: int = 0) -> MemorySnapshot | None:
         entry = self._entries.get(("m", key))
@@ -94,23 +100,28 @@ class InMemoryActionStateStore(ActionStateStore):
     def forget_firing(self, timer: TimerEntry) -> Future[None]:
         with self._lock:
             for k in self._record(timer.key, timer.seq):
-                if timer.owns(str(k[3])):
+                if timer.owns(str(k[-1] if k[0] == "a" else k[-2])):
                     self._delete(k)
                     self.log.append(("delete", k))
         return completed_future()
 
     def remove_calls(self, ref: ActionRef, from_index: int) -> Future[None]:
         with self._lock:
+            head = ref_identity("c", ref)
             for k in self._record(ref.key, ref.seq):
-                if k[:4] == ("c", ref.key, ref.seq, ref.action) and int(k[4]) >= from_index:  # type: ignore[call-overload]
+                if k[:-1] == head and int(k[-1]) >= from_index:  # type: ignore[call-overload]
                     self._delete(k)
                     self.log.append(("delete", k))
         return completed_future()
 
-    def prune(self, key: str, seq: int, partition: int) -> None:
+    def prune(self, key: str, seq: int, partition: int, topic: str = "") -> None:
+        legacy_too = not topic or topic in self.legacy_topics
         with self._lock:
             for k in self._record(key, seq):
-                self._delete(k)
+                entry = self._entries[k]
+                entry_topic = getattr(entry, "ref", None) and entry.ref.topic  # type: ignore[union-attr]
+                if entry_topic == topic or (legacy_too and not entry_topic):
+                    self._delete(k)
 
     def entries(self) -> list[JournalEntry]:
         with self._lock:

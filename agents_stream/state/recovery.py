@@ -27,7 +27,7 @@ from ..kafka.config import reader_config
 
 if TYPE_CHECKING:
     from ..serde.journal import JournalCodec
-    from .kafka import PartitionCache
+    from .cache import PartitionCache
 
 log = logging.getLogger("agents_stream.state")
 

@@ -1,0 +1,113 @@
+"""The ActionStateStore interface the durable core runs against (a port: state/ implements it).
+
+Reads are served from a local view (dict or RocksDB) of the journal; writes are appended
+to the durable log and acknowledged through a ``concurrent.futures.Future`` so that a
+code block can wait for *its* record's ack without flushing anybody else's.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+from .journal import (
+    ActionDone,
+    ActionRef,
+    CallEntry,
+    JournalEntry,
+    MemorySnapshot,
+    TimerEntry,
+    Tombstone,
+    entry_key,
+)
+
+
+def completed_future() -> Future[None]:
+    fut: Future[None] = Future()
+    fut.set_result(None)
+    return fut
+
+
+def all_of(futures: Sequence[Future[None]]) -> Future[None]:
+    """A future that resolves when every one of ``futures`` has (first error wins)."""
+    if not futures:
+        return completed_future()
+    if len(futures) == 1:
+        return futures[0]
+    combined: Future[None] = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(fut: Future[None]) -> None:
+        exc = fut.exception()
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if combined.done():
+            return
+        if exc is not None:
+            combined.set_exception(exc)
+        elif last:
+            combined.set_result(None)
+
+    for fut in futures:
+        fut.add_done_callback(one_done)
+    return combined
+
+
+class ActionStateStore(ABC):
+    """Durable journal of ActionStates plus a read view of it."""
+
+    @abstractmethod
+    def calls(self, ref: ActionRef) -> dict[int, CallEntry]:
+        """Journaled call slots of one action run, by call index."""
+
+    @abstractmethod
+    def done(self, ref: ActionRef) -> ActionDone | None:
+        """The completion record of an action run, if it completed."""
+
+    @abstractmethod
+    def memory(self, key: str, partition: int) -> MemorySnapshot | None:
+        """Latest short-term memory snapshot of ``key``."""
+
+    @abstractmethod
+    def timer(self, probe: TimerEntry) -> TimerEntry | None:
+        """The live timer with ``probe``'s identity (key, kind, ts, agent), if registered
+        and not yet completed or deleted."""
+
+    @abstractmethod
+    def timers(self, partition: int) -> list[TimerEntry]:
+        """Every live timer of ``partition`` (loaded by hosts when they take it over)."""
+
+    @abstractmethod
+    def append(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> Future[None]:
+        """Append entries (a :class:`Tombstone` deletes) in order; the future resolves
+        once all are durable. Order holds on the log: a durable entry implies every
+        earlier one of the same call is durable."""
+
+    @abstractmethod
+    def forget_firing(self, timer: TimerEntry) -> Future[None]:
+        """Tombstone the call, done and truncation entries of ``timer``'s firing."""
+
+    def finish_timer(self, timer: TimerEntry) -> Future[None]:
+        """A firing completed: tombstone the timer, *then* its firing's entries.
+
+        In this order a crash in between leaves only orphaned firing entries (cleared by
+        :meth:`forget_firing` when the same timer is registered again), never a live
+        timer whose completed actions are gone (which would re-run them).
+        """
+        first = self.append([Tombstone(entry_key(timer))], timer.partition)
+        return all_of([first, self.forget_firing(timer)])
+
+    @abstractmethod
+    def remove_calls(self, ref: ActionRef, from_index: int) -> Future[None]:
+        """Tombstone call slots ``from_index`` and later (truncation after divergence)."""
+
+    @abstractmethod
+    def prune(self, key: str, seq: int, partition: int) -> None:
+        """Tombstone every entry of an input record whose offset is committed."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release local resources."""
