@@ -81,6 +81,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="min.insync.replicas of the ActionState topic when the worker creates it "
         "(default: App(min_insync_replicas), else the broker's)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics, /healthz and /readyz on this port (default: off)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics port binds (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("AGENTS_STREAM_LOG_FORMAT", "text"),
+        help="json: one object per line with ts, level, logger, message and, for a record, "
+        "topic, partition, offset, key (default text, $AGENTS_STREAM_LOG_FORMAT)",
+    )
     p.set_defaults(func=run)
 
 
@@ -94,8 +112,13 @@ def _terminate(signum: int, frame: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.loglevel)
+    if getattr(args, "log_format", "text") == "json":
+        from ..runtime.logs import use_json_logs
+
+        use_json_logs()
     previous = signal.signal(signal.SIGTERM, _terminate)
     embedded = None
+    metrics = None
     app: App | None = None
     try:
         from ..runtime.worker import Worker
@@ -126,6 +149,10 @@ def run(args: argparse.Namespace) -> int:
             startup_timeout=args.startup_timeout,
             kafka_config_file=args.kafka_config,
         )
+        if args.metrics_port is not None:
+            from ..runtime.metrics import serve_metrics
+
+            metrics = serve_metrics(worker, args.metrics_host, args.metrics_port)
         signal.signal(signal.SIGTERM, previous)  # the worker installs its own on its loop
         return worker.run()
     except _Terminated:
@@ -148,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if metrics is not None:
+            metrics.close()
         if embedded is not None:
             embedded.stop()
 

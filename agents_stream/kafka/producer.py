@@ -9,6 +9,7 @@ observes an acked record that the cache does not have yet.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class Ack:
     value: bytes | None
     future: Future[None]
     error: KafkaError | None = None
+    sent: float = 0.0  # time.monotonic() at produce
 
 
 class AckingProducer:
@@ -42,6 +44,12 @@ class AckingProducer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._batch_lock = threading.Lock()
+        self._observers: list[AckHook] = []
+
+    def observe_acks(self, hook: AckHook) -> None:
+        """Also call ``hook`` with every poll's whole batch, after it is resolved (metrics:
+        it sees failures too and cannot delay a waiter)."""
+        self._observers.append(hook)
 
     def on_acked(self, topic: str, hook: AckHook) -> None:
         """Call ``hook`` with each poll's successful acks of ``topic`` before resolving them."""
@@ -72,9 +80,10 @@ class AckingProducer:
         headers: list[tuple[str, bytes]] | None = None,
     ) -> Future[None]:
         fut: Future[None] = Future()
+        sent = time.monotonic()
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
-            ack = Ack(msg.topic(), msg.partition(), msg.offset(), key, value, fut, err)
+            ack = Ack(msg.topic(), msg.partition(), msg.offset(), key, value, fut, err, sent)
             with self._batch_lock:
                 self._batch.append(ack)
 
@@ -126,6 +135,11 @@ class AckingProducer:
                         f"delivery to {ack.topic} failed: {ack.error}", code=ack.error.code()
                     )
                 )
+        for observe in self._observers:
+            try:
+                observe(batch)
+            except Exception:  # a metrics bug must not stop acks
+                pass
 
     def flush(self, timeout: float = 30.0) -> int:
         if self._producer is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ from ..durable.errors import FATAL_ERRORS as FATAL
 from ..durable.journal import TimerEntry
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from .dlq import DeadLetters
+from .logs import record_fields
 
 log = logging.getLogger("agents_stream.worker")
 
@@ -51,18 +53,23 @@ class AgentHost:
         self._on_error = on_error
         self._stats = stats
         self._on_fatal = on_fatal
+        # Per-agent counters read by the metrics collector at scrape time.
+        self.counts: dict[str, int] = defaultdict(int)
 
     @property
     def name(self) -> str:
         return self.binding.name
 
     async def handle(self, msg: Message, key: str) -> None:
+        self.counts["in"] += 1
+        fields = record_fields(msg.topic(), msg.partition(), msg.offset(), key)
         try:
             value = self._codec.decode(msg.value())
         except Exception as exc:
             log.warning(
                 "undecodable record %s[%d]@%d (key %r) -> %s-dlq: %s",
                 msg.topic(), msg.partition(), msg.offset(), key, msg.topic(), exc,
+                extra=fields,
             )  # fmt: skip
             await self._dead_letter(msg, "decode", exc)
             return
@@ -78,10 +85,12 @@ class AgentHost:
             self.runner.run(record),
             f"action of {self.name} raised on {msg.topic()}[{msg.partition()}]@{msg.offset()} "
             f"key={key!r}",
+            fields,
         )
         if isinstance(outcome, BaseException):
             await self._dead_letter(msg, "action", outcome)
             return
+        self.counts["out"] += len(outcome.outputs)
         self._count(outcome)
 
     async def handle_timer(self, timer: TimerEntry) -> None:
@@ -104,7 +113,7 @@ class AgentHost:
         self._count(outcome)
 
     async def _guarded(
-        self, run: Awaitable[RecordOutcome], what: str
+        self, run: Awaitable[RecordOutcome], what: str, fields: dict[str, Any] | None = None
     ) -> RecordOutcome | BaseException:
         """Apply the error policy; an exception returned means "dead-letter or drop it"."""
         try:
@@ -112,11 +121,11 @@ class AgentHost:
         except asyncio.CancelledError:
             raise
         except FATAL as exc:
-            log.critical("%s; stopping the worker", exc)
+            log.critical("%s; stopping the worker", exc, extra=fields)
             self._on_fatal(exc)
             raise
         except Exception as exc:
-            log.error("%s: %r", what, exc, exc_info=exc)
+            log.error("%s: %r", what, exc, exc_info=exc, extra=fields)
             if self._on_error == "fail":
                 self._on_fatal(exc)
                 raise
@@ -129,4 +138,5 @@ class AgentHost:
 
     async def _dead_letter(self, msg: Message, stage: str, exc: BaseException) -> None:
         self._stats["dlq"] += 1
+        self.counts[f"failed:{stage}"] += 1
         await acked(self._dlq.send(msg, stage, exc))

@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -132,6 +133,10 @@ class Worker:
         self.timers = TimerService()
         self._timer_topics: dict[str, str] = {}  # agent name -> its input topic
         self._arm_at: dict[tuple[str, int], int] = {}  # held partition -> input end offset
+        # Observability (runtime/metrics.py): called with the worker once its clients
+        # exist; partitions whose caches are being rebuilt (not ready meanwhile).
+        self.setup_hooks: list[Callable[[Worker], None]] = []
+        self.rebuilding = 0
 
     # -- public -------------------------------------------------------------------------
     @staticmethod
@@ -157,6 +162,24 @@ class Worker:
         self._cancel.set()
         if self._loop is not None and self._stopping is not None:
             self._loop.call_soon_threadsafe(self._stopping.set)
+
+    # Read by the metrics server's thread: plain attribute reads, no locks.
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    @property
+    def ready(self) -> bool:
+        """Partitions assigned and their caches rebuilt (``_owned`` is filled after)."""
+        return bool(self._owned) and not self.rebuilding
+
+    @property
+    def owned_partitions(self) -> frozenset[tuple[str, int]]:
+        return frozenset(self._owned)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     # -- setup --------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -246,6 +269,8 @@ class Worker:
         conf["enable.partition.eof"] = True  # arms held timers of caught-up partitions
         self.consumer = Consumer(conf)
         self.consumer.subscribe(inputs, on_assign=self._on_assign, on_revoke=self._on_revoke)
+        for hook in self.setup_hooks:
+            hook(self)
 
     def _check_action_state(self, counts: dict[str, int]) -> None:
         """An existing ActionState topic must be co-partitioned with every agent input (a
@@ -503,6 +528,7 @@ class Worker:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         started = time.monotonic()
         replayed = 0
+        self.rebuilding = len(partitions)
         if self.store is not None:  # all new journal partitions caught up in one pass
             fresh = {
                 tp.partition
@@ -526,6 +552,8 @@ class Worker:
             self._owned.add((tp.topic, tp.partition))
         if self._paused:
             consumer.pause(partitions)
+        self.rebuilding = 0
+        self.stats["journal_records_replayed"] += replayed
         log.info(
             "assigned %s (replayed %d journal records in %.2fs)",
             _fmt(partitions),
