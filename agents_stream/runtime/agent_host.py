@@ -28,7 +28,7 @@ from ..durable.acks import acked
 from ..durable.errors import FATAL_ERRORS as FATAL
 from ..durable.journal import TimerEntry
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
-from .dlq import DeadLetters
+from .dlq import REPLAY_HEADER, DeadLetters, original_identity
 from .logs import record_fields
 
 log = logging.getLogger("agents_stream.worker")
@@ -55,6 +55,9 @@ class AgentHost:
         self._on_fatal = on_fatal
         # Per-agent counters read by the metrics collector at scrape time.
         self.counts: dict[str, int] = defaultdict(int)
+        # (partition, offset) of finished records whose journal must outlive the commit:
+        # dead letters (a replay meets it) and replays (they run under an older seq).
+        self._keep: set[tuple[int, int]] = set()
 
     @property
     def name(self) -> str:
@@ -73,13 +76,18 @@ class AgentHost:
             )  # fmt: skip
             await self._dead_letter(msg, "decode", exc)
             return
+        headers = {k: v for k, v in (msg.headers() or []) if v is not None}
+        seq = msg.offset()
+        replayed = self._replayed_seq(msg, headers) if REPLAY_HEADER in headers else None
+        if replayed is not None:
+            seq = replayed
         record = RecordInput(
             key=key,
-            seq=msg.offset(),
+            seq=seq,
             value=value,
             partition=msg.partition(),
             timestamp=msg.timestamp()[1],
-            headers={k: v for k, v in (msg.headers() or []) if v is not None},
+            headers=headers,
         )
         outcome = await self._guarded(
             self.runner.run(record),
@@ -91,7 +99,28 @@ class AgentHost:
             await self._dead_letter(msg, "action", outcome)
             return
         self.counts["out"] += len(outcome.outputs)
+        if replayed is not None:
+            self._keep.add((msg.partition(), msg.offset()))
         self._count(outcome)
+
+    def _replayed_seq(self, msg: Message, headers: dict[str, bytes]) -> int | None:
+        """The original offset of a replayed record of this partition, else None."""
+        identity = original_identity(headers, msg.topic())
+        if identity is None or identity[0] != msg.partition():
+            log.warning(
+                "%s[%d]@%d: ignoring %s=%r (not a record of this partition); processed as new",
+                msg.topic(), msg.partition(), msg.offset(), REPLAY_HEADER, headers[REPLAY_HEADER],
+            )  # fmt: skip
+            return None
+        return identity[1]
+
+    def keeps_journal(self, partition: int, offset: int) -> bool:
+        """Whether a finished record's ActionStates must not be pruned (asked once)."""
+        try:
+            self._keep.remove((partition, offset))
+            return True
+        except KeyError:
+            return False
 
     async def handle_timer(self, timer: TimerEntry) -> None:
         """Fire one due timer: its TimerEvent actions run durably, then it is retired.
@@ -140,3 +169,4 @@ class AgentHost:
         self._stats["dlq"] += 1
         self.counts[f"failed:{stage}"] += 1
         await acked(self._dlq.send(msg, stage, exc))
+        self._keep.add((msg.partition(), msg.offset()))

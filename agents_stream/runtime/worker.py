@@ -384,7 +384,10 @@ class Worker:
         def done(ok: bool) -> None:
             if ok:
                 tracker.finish(offset)
-                self._finished[(topic, partition)].append((offset, key))
+                host = self._agents.get(topic)
+                # A dead letter's journal is kept for its replay (runtime/dlq.py).
+                if host is None or not host.keeps_journal(partition, offset):
+                    self._finished[(topic, partition)].append((offset, key))
                 self.stats["records"] += 1
 
         if topic in self._agents:
