@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench lint format clean venv
+.PHONY: demo demo-crash test test-fast bench lint format clean venv
 
 venv: $(STAMP)
 
@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 
 demo: venv  ## embedded broker + example worker + sample orders, prints receipts
 	$(PY) examples/demo.py
+
+demo-crash: venv  ## SIGKILL the payments worker mid-charge, restart it, check the ledger
+	$(PY) examples/demo_crash.py
 
 test: venv  ## the whole suite: unit, integration (real broker), fault injection, Spark
 	JAVA_TOOL_OPTIONS= PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -ra

@@ -36,6 +36,7 @@ def main() -> int:
             broker=broker.url,
             data_dir=Path(tmp) / "data",
             log_file=Path(tmp) / "worker.log",
+            env={"PAYMENTS_LEDGER": str(Path(tmp) / "provider-ledger.sqlite")},
             cwd=ROOT,
         )
         with worker:

@@ -4,13 +4,23 @@ must never happen twice), keep a running total per customer, emit a receipt.
 Run it:  agents-stream worker -A examples.payments:app
 Feed it: JSON values like {"order": "o-1", "customer": "c-7", "amount": 42.5} on "orders",
          keyed by customer; receipts appear on "receipts".
+
+The payment provider is a SQLite file ($PAYMENTS_LEDGER, default
+.agents-stream/payments-ledger.sqlite): it outlives the worker, as a real provider
+does, so after a crash mid-charge the reconciler can find the charge that went through
+(`make demo-crash` shows it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import random
+import sqlite3
+import threading
+import time
+from pathlib import Path
 
 from agents_stream import (
     Agent,
@@ -25,9 +35,69 @@ from agents_stream import (
 
 app = App("payments")
 
-# A stand-in for the payment provider: charges are keyed by idempotency key, as with
-# Stripe or Adyen, so the reconciler can ask "did this charge go through?".
-PROVIDER_LEDGER: dict[str, float] = {}
+
+
+class Provider:
+    """A stand-in for the payment provider. Charges carry the idempotency key (the
+    call id), as with Stripe or Adyen, so the reconciler can ask "did this charge go
+    through?". Every charge attempt is a row: a double charge would show as two rows."""
+
+    SCHEMA = """
+    CREATE TABLE IF NOT EXISTS charges (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, call_id TEXT, customer TEXT, amount REAL,
+        pid INT, at REAL
+    );
+    CREATE TABLE IF NOT EXISTS reconciles (call_id TEXT, found INT, pid INT, at REAL);
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or os.environ.get(
+            "PAYMENTS_LEDGER", str(Path(".agents-stream") / "payments-ledger.sqlite")
+        )
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # code blocks run on several pool threads
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(self.SCHEMA)
+            self._db = db
+        return self._db
+
+    def charge(self, call_id: str, customer: str, amount: float) -> None:
+        with self._lock:
+            self._conn().execute(
+                "INSERT INTO charges(call_id, customer, amount, pid, at) VALUES (?, ?, ?, ?, ?)",
+                (call_id, customer, amount, os.getpid(), time.time()),
+            )
+
+    def find(self, call_id: str) -> float | None:
+        with self._lock:
+            row = (
+                self._conn()
+                .execute("SELECT amount FROM charges WHERE call_id = ?", (call_id,))
+                .fetchone()
+            )
+            self._conn().execute(
+                "INSERT INTO reconciles VALUES (?, ?, ?, ?)",
+                (call_id, row is not None, os.getpid(), time.time()),
+            )
+        return None if row is None else float(row[0])
+
+
+PROVIDER = Provider()
+
+
+def _crash_point(name: str) -> None:
+    """`make demo-crash` arms a latch file here, then SIGKILLs the parked worker."""
+    latch = os.environ.get("PAYMENTS_CRASH_LATCH")
+    if latch and Path(latch, f"park-{name}").exists():
+        Path(latch, f"parked-{name}").write_text(str(os.getpid()))
+        while True:
+            time.sleep(0.05)
 
 
 async def fraud_score(order: dict) -> float:
@@ -46,13 +116,18 @@ class Charge(DurableCallable):
     def call(self, call_id: str, customer: str, amount: float) -> dict:
         if random.random() < 0.05:
             raise ConnectionError("provider timeout")
-        PROVIDER_LEDGER[call_id] = amount
+        PROVIDER.charge(call_id, customer, amount)
+        _crash_point("charge")  # the money moved; the result is not journaled yet
         return {"charge_id": call_id, "amount": amount}
 
     def reconciler(self, call_id: str, customer: str, amount: float) -> dict:
-        if call_id in PROVIDER_LEDGER:
-            return {"charge_id": call_id, "amount": PROVIDER_LEDGER[call_id]}
-        raise LookupError(f"no charge {call_id}")
+        charged = PROVIDER.find(call_id)
+        if charged is not None:
+            return {"charge_id": call_id, "amount": charged}
+        # The crash came before the provider saw the charge: charging now is the first
+        # time (and a crash during it is found by the next reconcile).
+        PROVIDER.charge(call_id, customer, amount)
+        return {"charge_id": call_id, "amount": amount}
 
 
 class Payments(Agent):
