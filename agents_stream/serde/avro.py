@@ -4,16 +4,22 @@ Writers always use one schema (the newest released version by default). Readers 
 records written by any released version: the writer schema is found from the frame
 (fingerprint table or registry id) and fastavro's schema resolution maps it onto the
 reader, filling defaults for fields the writer did not have.
+
+The hot paths (encoding with the writer, decoding a record whose writer is the reader) run
+code generated for the schema (:mod:`.compiled`); fastavro remains the reference it is
+tested against, and takes over for anything the generated code declines.
 """
 
 from __future__ import annotations
 
 import io
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from fastavro import schemaless_reader, schemaless_writer
 
+from .compiled import Decoder, Encoder, compile_schema
 from .errors import SchemaError, ValueDecodeError, ValueEncodeError
 from .framing import FramingError, confluent_header, read_frame, single_object_header
 from .registry import RegistryBinding
@@ -50,6 +56,8 @@ class AvroSerde:
         self._by_fingerprint = {v.fingerprint: v for v in self.versions}
         self._by_fingerprint.setdefault(self.writer.fingerprint, self.writer)
         self._header: bytes | None = None
+        self._enc = _compiled(self.writer, record_names)
+        self._dec = _compiled(self.reader, record_names)
 
     def header(self) -> bytes:
         """The frame prefix of written records (registers the writer on first use)."""
@@ -66,6 +74,11 @@ class AvroSerde:
         Raises:
             ValueEncodeError: ``datum`` does not fit the writer schema.
         """
+        if self._enc is not None:
+            try:
+                return self._enc[0](self._header or self.header(), datum)
+            except Exception:  # noqa: S110 - fastavro re-encodes: it either fits or says why
+                pass
         out = io.BytesIO()
         out.write(self.header())
         try:
@@ -86,6 +99,18 @@ class AvroSerde:
         except FramingError as exc:
             raise ValueDecodeError(str(exc)) from exc
         writer = self._writer_of(frame)
+        if self._dec is not None and (
+            writer is self.reader or writer.canonical == self.reader.canonical
+        ):
+            try:
+                value, end = self._dec[1](data, frame.body_offset)
+            except Exception as exc:  # IndexError, struct.error, UnicodeDecodeError, Corrupt
+                raise ValueDecodeError(
+                    f"corrupt body ({writer.label}): {type(exc).__name__}: {exc}"
+                ) from exc
+            if end != len(data):
+                raise ValueDecodeError(f"{len(data) - end} trailing bytes after the body")
+            return value
         body = io.BytesIO(data)
         body.seek(frame.body_offset)
         # Skipping resolution when writer == reader is the hot path: it is much faster.
@@ -135,3 +160,16 @@ class AvroSerde:
             raise ValueDecodeError(str(exc)) from exc
         # Prefer the local copy: it carries record type and version for messages.
         return self._by_fingerprint.get(found.fingerprint, found)
+
+
+_COMPILED: weakref.WeakKeyDictionary[Any, dict[bool, tuple[Encoder, Decoder] | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _compiled(schema: Any, record_names: bool) -> tuple[Encoder, Decoder] | None:
+    # Once per schema version and shape: versions are shared, serdes are not.
+    per_schema = _COMPILED.setdefault(schema, {})
+    if record_names not in per_schema:
+        per_schema[record_names] = compile_schema(schema.parsed, record_names=record_names)
+    return per_schema[record_names]
