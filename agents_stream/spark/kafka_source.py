@@ -2,8 +2,8 @@
 
 It produces exactly the columns of Spark's own Kafka source (the ``spark-sql-kafka``
 connector), so a job written against it runs unchanged with ``format("kafka")`` once
-that jar is on the classpath; pass ``includeHeaders=true`` there (our default) to get
-the ``headers`` column::
+that jar is on the classpath. With ``includeHeaders=true`` (default false, as in Spark)
+the ``headers`` column is added::
 
     key binary, value binary, topic string, partition int, offset long,
     timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>
@@ -13,13 +13,20 @@ Supported options (Spark's names and formats):
 - ``kafka.bootstrap.servers`` (required) and any other ``kafka.*`` setting, passed to
   librdkafka without the prefix (so use librdkafka names, e.g. ``kafka.security.protocol``,
   ``kafka.sasl.mechanism``).
-- ``subscribe`` (comma-separated topics) or ``subscribePattern`` (regular expression).
+- exactly one of ``assign`` (JSON such as ``{"topicA":[0,1],"topicB":[2,4]}``),
+  ``subscribe`` (comma-separated topics) or ``subscribePattern`` (regular expression).
 - ``startingOffsets`` / ``endingOffsets``: ``earliest``, ``latest`` or JSON such as
   ``{"topic":{"0":23,"1":-2}}`` (-2 earliest, -1 latest; ending offsets are exclusive).
-  Partitions a JSON value leaves out default to earliest / latest.
-- ``maxRecordsPerPartition``: split larger ranges into several Spark input partitions.
+  As in Spark, a JSON value must name every partition read.
+- ``maxRecordsPerPartition``: split larger ranges into several Spark input partitions;
+  ``minPartitions``: with fewer ranges than this, split them in proportion to their size.
 - ``failOnDataLoss`` (default true), ``kafkaConsumer.pollTimeoutMs`` (default 120000),
-  ``includeHeaders`` (default true).
+  ``includeHeaders`` (default false).
+
+Any other option is an error that lists the valid ones; Spark's options this source does
+not implement (timestamps as offsets, ``groupIdPrefix``, streaming triggers...) are
+refused by name rather than ignored, so a job never reads another range than it would
+with ``format("kafka")``.
 
 Ends are resolved when Spark plans the query (see :mod:`agents_stream.spark.offsets`);
 each action (``count()``, ``collect()``...) plans again, so "latest" means latest at that

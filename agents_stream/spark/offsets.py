@@ -18,6 +18,7 @@ jobs can all consume it, and it imports nothing from PySpark.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -103,6 +104,7 @@ def plan_offset_ranges(options: KafkaSourceOptions) -> list[OffsetRange]:
     _check_spec_names(options.starting, partitions, "startingOffsets")
     _check_spec_names(options.ending, partitions, "endingOffsets")
     ranges: list[OffsetRange] = []
+    planned: list[OffsetRange] = []
     for topic, partition in partitions:
         mark = marks[(topic, partition)]
         start = _resolve(options.starting, topic, partition, mark, default=EARLIEST)
@@ -110,10 +112,35 @@ def plan_offset_ranges(options: KafkaSourceOptions) -> list[OffsetRange]:
         start, end = _validate(topic, partition, start, end, mark, options.fail_on_data_loss)
         rng = OffsetRange(topic, partition, start, end)
         if options.max_records_per_partition:
-            ranges.extend(rng.split(options.max_records_per_partition))
+            planned.extend(rng.split(options.max_records_per_partition))
         else:
-            ranges.append(rng)
+            planned.append(rng)
+    ranges = _min_partitions(planned, options.min_partitions)
     return sorted(ranges)
+
+
+def _min_partitions(ranges: list[OffsetRange], wanted: int | None) -> list[OffsetRange]:
+    """Spark's ``minPartitions``: with fewer ranges than wanted, cut each non-empty range
+    into ``max(1, round(size / total * wanted))`` near-equal pieces, so big partitions get
+    more tasks than small ones."""
+    if not wanted or len(ranges) >= wanted:
+        return ranges
+    total = sum(r.size for r in ranges)
+    if total == 0:
+        return ranges
+    out: list[OffsetRange] = []
+    for rng in ranges:
+        pieces = max(1, round(rng.size / total * wanted))
+        if rng.size == 0 or pieces == 1:
+            out.append(rng)
+            continue
+        bounds = [rng.start + rng.size * i // pieces for i in range(pieces)] + [rng.end]
+        out.extend(
+            OffsetRange(rng.topic, rng.partition, lo, hi)
+            for lo, hi in itertools.pairwise(bounds)
+            if hi > lo
+        )
+    return out
 
 
 def plan_ranges(
@@ -206,6 +233,8 @@ def _resolve_partitions(consumer: Consumer, options: KafkaSourceOptions) -> list
         raise KafkaSourceOptionError(
             f"cannot reach the cluster: {exc.args[0]}", option="kafka.bootstrap.servers"
         ) from exc
+    if options.assign is not None:
+        return _assigned(metadata, options.assign)
     if options.subscribe_pattern is not None:
         regex = re.compile(options.subscribe_pattern)
         topics = sorted(t for t in metadata.topics if regex.fullmatch(t))
@@ -221,23 +250,49 @@ def _resolve_partitions(consumer: Consumer, options: KafkaSourceOptions) -> list
     return out
 
 
+def _assigned(metadata: Any, assign: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for topic, partitions in sorted(assign.items()):
+        meta = metadata.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            reason = meta.error if meta is not None and meta.error else "does not exist"
+            raise KafkaSourceOptionError(f"topic {topic!r}: {reason}", option="assign")
+        missing = [p for p in partitions if p not in meta.partitions]
+        if missing:
+            raise KafkaSourceOptionError(
+                f"topic {topic!r} has no partition {missing[0]} (it has {len(meta.partitions)})",
+                option="assign",
+            )
+        out.extend((topic, p) for p in partitions)
+    return out
+
+
 def _check_spec_names(spec: OffsetSpec, partitions: Sequence[tuple[str, int]], option: str) -> None:
+    """A JSON spec must name exactly the partitions read, as Spark requires (a partition
+    left out would silently read from a default Spark refuses to guess)."""
     if not isinstance(spec, Mapping):
         return
     known = set(partitions)
+    named = set()
     for topic, offsets in spec.items():
         for partition in offsets:
             if (topic, partition) not in known:
                 raise KafkaSourceOptionError(
                     f"{topic}[{partition}] is not among the partitions read", option=option
                 )
+            named.add((topic, partition))
+    if named != known:
+        missing = ", ".join(f"{t}[{p}]" for t, p in sorted(known - named)[:10])
+        raise KafkaSourceOptionError(
+            f"JSON offsets must name every partition read; missing {missing} (use -2 for "
+            "earliest, -1 for latest)",
+            option=option,
+        )
 
 
 def _resolve(
     spec: OffsetSpec, topic: str, partition: int, mark: Watermarks, *, default: int
 ) -> int:
-    # Partitions a JSON spec leaves out take the option's default, which Spark would
-    # reject; being lenient here never changes the result of a spec Spark accepts.
     if spec == "earliest":
         offset = EARLIEST
     elif spec == "latest":

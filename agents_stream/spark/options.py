@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -28,6 +28,55 @@ _KAFKA_PREFIX = "kafka."
 # Options that the source itself owns; letting users override them would break the
 # read-only, commit-free contract of the readers.
 _RESERVED_KAFKA = {"enable.auto.commit", "enable.partition.eof", "auto.offset.reset"}
+
+SUPPORTED_OPTIONS = (
+    "kafka.bootstrap.servers",
+    "kafka.*",
+    "assign",
+    "subscribe",
+    "subscribePattern",
+    "startingOffsets",
+    "endingOffsets",
+    "minPartitions",
+    "maxRecordsPerPartition",
+    "failOnDataLoss",
+    "kafkaConsumer.pollTimeoutMs",
+    "includeHeaders",
+)
+"""Options this source reads, with Spark's Kafka source names and meanings."""
+
+# Options of Spark's Kafka source that this one does not implement: refusing them beats
+# silently reading a different range than the same job with format("kafka") would.
+_SPARK_ONLY = (
+    "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp",
+    "startingTimestamp",
+    "endingTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "groupIdPrefix",
+    "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs",
+    "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+)
+_KNOWN = {name.lower(): name for name in SUPPORTED_OPTIONS if name != "kafka.*"}
+
+
+def _check_names(names: Iterable[str]) -> None:
+    valid = ", ".join(SUPPORTED_OPTIONS)
+    spark_only = {name.lower(): name for name in _SPARK_ONLY}
+    for name in sorted(names):
+        key = name.lower()
+        if key.startswith(_KAFKA_PREFIX) or key in _KNOWN:
+            continue
+        if key in spark_only:
+            raise KafkaSourceOptionError(
+                f"is an option of Spark's Kafka source that agents_stream.kafka does not "
+                f"support; supported options: {valid}",
+                option=spark_only[key],
+            )
+        raise KafkaSourceOptionError(f"is not an option; valid options: {valid}", option=name)
 
 
 def parse_offset_spec(value: str | OffsetSpec, *, option: str) -> OffsetSpec:
@@ -61,6 +110,8 @@ def parse_offset_spec(value: str | OffsetSpec, *, option: str) -> OffsetSpec:
             ) from exc
     if not isinstance(value, Mapping):
         raise KafkaSourceOptionError(f"expected a JSON object, got {value!r}", option=option)
+    if not value:
+        raise KafkaSourceOptionError("names no topic", option=option)
     parsed: dict[str, dict[int, int]] = {}
     for topic, partitions in value.items():
         if not isinstance(partitions, Mapping):
@@ -84,6 +135,37 @@ def parse_offset_spec(value: str | OffsetSpec, *, option: str) -> OffsetSpec:
     return parsed
 
 
+def parse_assign(value: str) -> dict[str, tuple[int, ...]]:
+    """Parses ``assign`` the way Spark does: JSON like ``{"topicA":[0,1],"topicB":[2,4]}``."""
+    try:
+        decoded = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise KafkaSourceOptionError(
+            f'expected JSON like {{"topicA":[0,1]}}, got {value!r}', option="assign"
+        ) from exc
+    if not isinstance(decoded, Mapping) or not decoded:
+        raise KafkaSourceOptionError(
+            f'expected a non-empty JSON object like {{"topicA":[0,1]}}, got {value!r}',
+            option="assign",
+        )
+    out: dict[str, tuple[int, ...]] = {}
+    for topic, partitions in decoded.items():
+        if (
+            not isinstance(partitions, list)
+            or not partitions
+            or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in partitions
+            )
+        ):
+            raise KafkaSourceOptionError(
+                f"topic {topic!r} must map to a non-empty list of partition numbers, got "
+                f"{partitions!r}",
+                option="assign",
+            )
+        out[str(topic)] = tuple(sorted(set(partitions)))
+    return out
+
+
 def _check_batch_rule(option: str, mode: str | None) -> None:
     # Spark rejects these for batch reads because they always yield nothing; keep the
     # same rule so a job behaves identically with either source.
@@ -99,27 +181,34 @@ class KafkaSourceOptions:
 
     Attributes:
         kafka_conf: librdkafka settings from the ``kafka.*`` options (prefix removed).
-        topics: the topics of ``subscribe``; empty when ``subscribe_pattern`` is used.
+        topics: the topics of ``subscribe``; empty when ``subscribe_pattern`` or
+            ``assign`` is used.
         subscribe_pattern: a regular expression over topic names, or ``None``.
+        assign: the partitions of ``assign`` per topic, or ``None``.
         starting: where each partition's range begins.
         ending: where each partition's range ends (exclusive).
         max_records_per_partition: split ranges larger than this into several Spark
             input partitions; ``None`` keeps one input partition per Kafka partition.
+        min_partitions: as Spark's ``minPartitions``: when there are fewer ranges, split
+            them (in proportion to their sizes) into about this many.
         fail_on_data_loss: raise when a requested start was already deleted, instead of
             starting at the earliest offset still available.
         poll_timeout_ms: how long a reader waits for records before giving up.
-        include_headers: whether the ``headers`` column is produced.
+        include_headers: whether the ``headers`` column is produced (default false,
+            as in Spark).
     """
 
     kafka_conf: Mapping[str, str] = field(repr=False)  # may hold credentials
     topics: tuple[str, ...] = ()
     subscribe_pattern: str | None = None
+    assign: Mapping[str, tuple[int, ...]] | None = None
     starting: OffsetSpec = "earliest"
     ending: OffsetSpec = "latest"
     max_records_per_partition: int | None = None
+    min_partitions: int | None = None
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 120_000
-    include_headers: bool = True
+    include_headers: bool = False
     _group_suffix: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
 
     @classmethod
@@ -127,8 +216,10 @@ class KafkaSourceOptions:
         """Builds the options from a Spark options map (keys are case-insensitive).
 
         Raises:
-            KafkaSourceOptionError: a required option is missing or a value is malformed.
+            KafkaSourceOptionError: a required option is missing, a value is malformed, or
+                an option is unknown or not supported (the message lists the valid ones).
         """
+        _check_names(str(k) for k in options)
         opts = {str(k).lower(): str(v) for k, v in options.items()}
         # Spark hands options over with lower-cased keys; librdkafka's names are
         # lower-case too, so they pass through unchanged.
@@ -144,9 +235,11 @@ class KafkaSourceOptions:
             )
         topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip())
         pattern = opts.get("subscribepattern") or None
-        if bool(topics) == bool(pattern):
+        assign = parse_assign(opts["assign"]) if "assign" in opts else None
+        if sum(map(bool, (topics, pattern, assign))) != 1:
             raise KafkaSourceOptionError(
-                "give exactly one of 'subscribe' (comma-separated topics) or 'subscribePattern'",
+                "give exactly one of 'assign' (JSON), 'subscribe' (comma-separated topics) "
+                "or 'subscribePattern'",
                 option="subscribe",
             )
         if pattern is not None:
@@ -158,14 +251,16 @@ class KafkaSourceOptions:
             kafka_conf=kafka_conf,
             topics=topics,
             subscribe_pattern=pattern,
+            assign=assign,
             starting=parse_offset_spec(
                 opts.get("startingoffsets", "earliest"), option="startingOffsets"
             ),
             ending=parse_offset_spec(opts.get("endingoffsets", "latest"), option="endingOffsets"),
             max_records_per_partition=_positive_int(opts, "maxRecordsPerPartition"),
+            min_partitions=_positive_int(opts, "minPartitions"),
             fail_on_data_loss=_boolean(opts, "failOnDataLoss", default=True),
             poll_timeout_ms=_positive_int(opts, "kafkaConsumer.pollTimeoutMs") or 120_000,
-            include_headers=_boolean(opts, "includeHeaders", default=True),
+            include_headers=_boolean(opts, "includeHeaders", default=False),
         )
 
     def consumer_conf(self, role: Literal["planner", "reader"]) -> dict[str, str | bool]:
@@ -233,7 +328,8 @@ def source_options(
 ) -> dict[str, str]:
     """Builds the option map of a batch read, as strings, for either Kafka source.
 
-    Mapping offsets are encoded as Spark's JSON; booleans as ``true``/``false``.
+    Mapping offsets are encoded as Spark's JSON; booleans as ``true``/``false``. With an
+    ``assign`` or ``subscribePattern`` option, ``topics`` is not used (pass ``""``).
     """
     from ..kafka.config import common_config
 
@@ -244,11 +340,11 @@ def source_options(
     out = {f"kafka.{k}": _option(v) for k, v in common_config().items()}
     out |= {
         "kafka.bootstrap.servers": bootstrap,
-        "subscribe": ",".join(t.strip() for t in names if t.strip()),
         "startingOffsets": _offsets_option(starting),
         "endingOffsets": _offsets_option(ending),
-        "includeHeaders": "true",
     }
+    if "assign" not in options and "subscribePattern" not in options:
+        out["subscribe"] = ",".join(t.strip() for t in names if t.strip())
     for key, value in options.items():
         out[key] = _option(value)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pyarrow as pa
 import pytest
@@ -127,3 +128,64 @@ def test_transaction_markers_at_the_end_do_not_stall_readers(broker, kafka_topic
     assert [v for b in batches for v in b.column("value").to_pylist()] == [
         b"%d" % i for i in range(5)
     ]
+
+
+def test_unknown_and_unsupported_options_list_the_valid_ones() -> None:
+    base = {"kafka.bootstrap.servers": "h:1", "subscribe": "t"}
+    with pytest.raises(KafkaSourceOptionError, match=r"maxRecordPerPartition.*valid options"):
+        KafkaSourceOptions.from_options({**base, "maxRecordPerPartition": "5"})
+    with pytest.raises(KafkaSourceOptionError, match=r"startingTimestamp.*does not support"):
+        KafkaSourceOptions.from_options({**base, "startingTimestamp": "1"})
+    with pytest.raises(KafkaSourceOptionError, match="subscribe"):
+        KafkaSourceOptions.from_options({**base, "assign": '{"t":[0]}'})
+    for bad in ("[0]", '{"t":[]}', '{"t":["0"]}', "{}", "not json"):
+        with pytest.raises(KafkaSourceOptionError, match="assign"):
+            KafkaSourceOptions.from_options({"kafka.bootstrap.servers": "h:1", "assign": bad})
+    opts = KafkaSourceOptions.from_options(
+        {"kafka.bootstrap.servers": "h:1", "assign": '{"a":[2,0],"b":[1]}', "minPartitions": "8"}
+    )
+    assert opts.assign == {"a": (0, 2), "b": (1,)} and opts.min_partitions == 8
+    assert not opts.include_headers  # Spark's default
+
+
+def test_min_partitions_splits_in_proportion_like_spark() -> None:
+    from agents_stream.spark.offsets import _min_partitions
+
+    ranges = [OffsetRange("t", 0, 0, 300), OffsetRange("t", 1, 0, 100), OffsetRange("t", 2, 5, 5)]
+    out = _min_partitions(ranges, 8)
+    assert [r for r in out if r.partition == 0] == [
+        OffsetRange("t", 0, 0, 50),
+        OffsetRange("t", 0, 50, 100),
+        OffsetRange("t", 0, 100, 150),
+        OffsetRange("t", 0, 150, 200),
+        OffsetRange("t", 0, 200, 250),
+        OffsetRange("t", 0, 250, 300),
+    ]
+    assert [r for r in out if r.partition == 1] == [
+        OffsetRange("t", 1, 0, 50),
+        OffsetRange("t", 1, 50, 100),
+    ]
+    assert OffsetRange("t", 2, 5, 5) in out
+    assert _min_partitions(ranges, 3) == ranges  # already enough
+
+
+@pytest.mark.broker
+def test_assign_and_partial_json_offsets(broker, kafka_topic, produce) -> None:
+    topic = kafka_topic(3)
+    produce(topic, [(p, None, b"x", None, None) for p in range(3) for _ in range(4)])
+
+    def plan(**kw):
+        return plan_offset_ranges(
+            KafkaSourceOptions.from_options(source_options(broker.bootstrap, "", **kw))
+        )
+
+    assigned = json.dumps({topic: [2, 0]})
+    assert plan(assign=assigned) == [OffsetRange(topic, 0, 0, 4), OffsetRange(topic, 2, 0, 4)]
+    assert plan(assign=assigned, starting={topic: {0: 1, 2: -2}})[0].start == 1
+    with pytest.raises(KafkaSourceOptionError, match=r"must name every partition.*\[2\]"):
+        plan(assign=assigned, starting={topic: {0: 1}})
+    with pytest.raises(KafkaSourceOptionError, match="endingOffsets"):
+        plan(subscribe=topic, ending={topic: {0: 2, 1: 2}})
+    with pytest.raises(KafkaSourceOptionError, match="no partition 7"):
+        plan(assign=json.dumps({topic: [7]}))
+    assert len(plan(subscribe=topic, minPartitions=6)) == 6
