@@ -77,7 +77,7 @@ class AvroSerde:
         if self._enc is not None:
             try:
                 return self._enc[0](self._header or self.header(), datum)
-            except Exception:  # noqa: S110 - fastavro re-encodes: it either fits or says why
+            except Exception:  # fastavro re-encodes: it either fits the schema or says why
                 pass
         out = io.BytesIO()
         out.write(self.header())

@@ -24,9 +24,7 @@ Encoder = Callable[[bytes, Any], bytes]
 Decoder = Callable[[bytes, int], "tuple[Any, int]"]
 
 _SMALL = 1 << 14
-_PRIMITIVES = frozenset(
-    ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
-)
+_PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes", "string"))
 
 
 class Misfit(Exception):
@@ -167,7 +165,7 @@ class _Compiler:
         self.lines.append("    " * ind + line)
 
     def build(self, name: str) -> Any:
-        exec(compile("\n".join(self.lines), f"<avro {name}>", "exec"), self.ns)  # noqa: S102
+        exec(compile("\n".join(self.lines), f"<avro {name}>", "exec"), self.ns)
         return self.ns[name]
 
 
@@ -359,6 +357,8 @@ class _DecoderCompiler(_Compiler):
         k = self.kind(s)
         if k == "null":
             return 0
+        if k == "fixed":
+            return min(s["size"], 1)
         if k in ("record", "error"):
             if s["name"] in seen:
                 return 1
