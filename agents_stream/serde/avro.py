@@ -58,6 +58,8 @@ class AvroSerde:
         self._header: bytes | None = None
         self._enc = _compiled(self.writer, record_names)
         self._dec = _compiled(self.reader, record_names)
+        # Records the reader wrote itself skip frame parsing (it costs as much as the body).
+        self._reader_prefix = single_object_header(self.reader.fingerprint)
 
     def header(self) -> bytes:
         """The frame prefix of written records (registers the writer on first use)."""
@@ -94,6 +96,8 @@ class AvroSerde:
             ValueDecodeError: unknown framing, unknown fingerprint or schema id, a body
                 that is truncated or has trailing bytes, or an unresolvable writer.
         """
+        if self._dec is not None and data[:10] == self._reader_prefix:
+            return self._decode_compiled(data, 10)
         try:
             frame = read_frame(data)
         except FramingError as exc:
@@ -102,15 +106,7 @@ class AvroSerde:
         if self._dec is not None and (
             writer is self.reader or writer.canonical == self.reader.canonical
         ):
-            try:
-                value, end = self._dec[1](data, frame.body_offset)
-            except Exception as exc:  # IndexError, struct.error, UnicodeDecodeError, Corrupt
-                raise ValueDecodeError(
-                    f"corrupt body ({writer.label}): {type(exc).__name__}: {exc}"
-                ) from exc
-            if end != len(data):
-                raise ValueDecodeError(f"{len(data) - end} trailing bytes after the body")
-            return value
+            return self._decode_compiled(data, frame.body_offset)
         body = io.BytesIO(data)
         body.seek(frame.body_offset)
         # Skipping resolution when writer == reader is the hot path: it is much faster.
@@ -130,6 +126,18 @@ class AvroSerde:
             ) from exc
         if body.tell() != len(data):
             raise ValueDecodeError(f"{len(data) - body.tell()} trailing bytes after the body")
+        return value
+
+    def _decode_compiled(self, data: bytes, offset: int) -> Any:
+        assert self._dec is not None
+        try:
+            value, end = self._dec[1](data, offset)
+        except Exception as exc:  # IndexError, struct.error, UnicodeDecodeError, Corrupt
+            raise ValueDecodeError(
+                f"corrupt body ({self.reader.label}): {type(exc).__name__}: {exc}"
+            ) from exc
+        if end != len(data):
+            raise ValueDecodeError(f"{len(data) - end} trailing bytes after the body")
         return value
 
     def writer_of(self, data: bytes) -> Any:

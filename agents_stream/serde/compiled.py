@@ -175,16 +175,17 @@ class _EncoderCompiler(_Compiler):
         self.late: list[tuple[str, list[str]]] = []
         for full, s in self.named.items():
             if s["type"] in ("record", "error"):
-                self.emit(0, f"def {self.fn_of[full]}(d, out):")
+                self.emit(0, f"def {self.fn_of[full]}(d, ap):")
                 for f in s["fields"]:
                     v = self.var()
                     self.emit(1, f"{v} = d[{f['name']!r}]")
                     self.enc(self.resolve(f["type"]), v, 1)
                 self.emit(1, "return")
         self.emit(0, "def encode(header, datum):")
-        self.emit(1, "out = bytearray(header)")
+        self.emit(1, "out = [header]")
+        self.emit(1, "ap = out.append")
         self.enc(self.resolve(schema), "datum", 1)
-        self.emit(1, "return bytes(out)")
+        self.emit(1, 'return b"".join(out)')
         encode = self.build("encode")
         # Record functions exist only after the exec: fill the name -> function tables now.
         for table, names in self.late:
@@ -192,7 +193,7 @@ class _EncoderCompiler(_Compiler):
         return encode
 
     def length(self, n: str, ind: int) -> None:
-        self.emit(ind, f"out += _V[{n} << 1] if {n} < {_SMALL >> 1} else _long({n})")
+        self.emit(ind, f"ap(_V[{n} << 1] if {n} < {_SMALL >> 1} else _long({n}))")
 
     def enc(self, s: Any, v: str, ind: int) -> None:
         k = self.kind(s)
@@ -200,36 +201,36 @@ class _EncoderCompiler(_Compiler):
         if k == "null":
             e(ind, f"if {v} is not None: raise Misfit")
         elif k == "boolean":
-            e(ind, f"if {v} is True: out += b'\\x01'")
-            e(ind, f"elif {v} is False: out += b'\\x00'")
+            e(ind, f"if {v} is True: ap(b'\\x01')")
+            e(ind, f"elif {v} is False: ap(b'\\x00')")
             e(ind, "else: raise Misfit")
         elif k in ("int", "long"):
             bits = 31 if k == "int" else 63
             z = self.var("z")
             # Floats and strings fail on the shift; bools encode as 0/1 like fastavro.
             e(ind, f"{z} = ({v} << 1) ^ ({v} >> {bits})")
-            e(ind, f"out += _V[{z}] if {z} < {_SMALL} else _big({z}, {v}, {bits})")
+            e(ind, f"ap(_V[{z}] if {z} < {_SMALL} else _big({z}, {v}, {bits}))")
         elif k in ("float", "double"):
             e(ind, f"if {v}.__class__ is not float and {v}.__class__ is not int: raise Misfit")
-            e(ind, f"out += {'_pf' if k == 'float' else '_pd'}({v})")
+            e(ind, f"ap({'_pf' if k == 'float' else '_pd'}({v}))")
         elif k == "string":
             b, n = self.var("b"), self.var("n")
             e(ind, f"{b} = {v}.encode()")
             e(ind, f"{n} = len({b})")
             self.length(n, ind)
-            e(ind, f"out += {b}")
+            e(ind, f"ap({b})")
         elif k == "bytes":
             n = self.var("n")
             e(ind, f"if {v}.__class__ is not bytes: raise Misfit")
             e(ind, f"{n} = len({v})")
             self.length(n, ind)
-            e(ind, f"out += {v}")
+            e(ind, f"ap({v})")
         elif k == "fixed":
             e(ind, f"if {v}.__class__ is not bytes or len({v}) != {s['size']}: raise Misfit")
-            e(ind, f"out += {v}")
+            e(ind, f"ap({v})")
         elif k == "enum":
             table = self.const({sym: _V[i << 1] for i, sym in enumerate(s["symbols"])})
-            e(ind, f"out += {table}[{v}]")
+            e(ind, f"ap({table}[{v}])")
         elif k in ("array", "map"):
             cls = "list" if k == "array" else "dict"
             e(ind, f"if {v}.__class__ is not {cls}: raise Misfit")
@@ -246,9 +247,9 @@ class _EncoderCompiler(_Compiler):
                 e(ind + 1, f"for {key}, {x} in {v}.items():")
                 self.enc("string", key, ind + 2)
                 self.enc(self.resolve(s["values"]), x, ind + 2)
-            e(ind, "out += b'\\x00'")
+            e(ind, "ap(b'\\x00')")
         elif k in ("record", "error"):
-            e(ind, f"{self.fn_of[s['name']]}({v}, out)")
+            e(ind, f"{self.fn_of[s['name']]}({v}, ap)")
         elif k == "union":
             self.enc_union(s, v, ind)
         else:
@@ -269,8 +270,8 @@ class _EncoderCompiler(_Compiler):
             nm, x = self.var("nm"), self.var("x")
             e(ind, f"if {v}.__class__ is tuple:")
             e(ind + 1, f"{nm}, {x} = {v}")
-            e(ind + 1, f"out += {table}[{nm}]")
-            e(ind + 1, f"{fns}[{nm}]({x}, out)")
+            e(ind + 1, f"ap({table}[{nm}])")
+            e(ind + 1, f"{fns}[{nm}]({x}, ap)")
             first = "elif"
         else:
             first = "if"
@@ -312,7 +313,7 @@ class _EncoderCompiler(_Compiler):
             if cat in ambiguous:
                 continue
             e(ind, f"{first} {tests[cat].format(v=v)}:")
-            e(ind + 1, f"out += {_V[i << 1]!r}")
+            e(ind + 1, f"ap({_V[i << 1]!r})")
             self.enc(branch, v, ind + 1)
             first = "elif"
         if first == "if":
