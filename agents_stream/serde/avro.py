@@ -36,6 +36,9 @@ class AvroSerde:
             single-object records are still read (topics migrate, nothing is rewritten).
         record_names: decode unions of records as ``(full name, dict)`` tuples (what the
             journal needs to tell entry kinds apart); plain dicts otherwise.
+        compiled: encode and decode same-schema records with code generated for the
+            schema (same bytes and values as fastavro, ~3x faster); ``False`` uses
+            fastavro alone (the reference, for tests and benchmarks).
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class AvroSerde:
         writer: Any | None = None,
         registry: RegistryBinding | None = None,
         record_names: bool = True,
+        compiled: bool = True,
     ) -> None:
         if not versions:
             raise SchemaError("an Avro serde needs at least one schema version")
@@ -56,8 +60,8 @@ class AvroSerde:
         self._by_fingerprint = {v.fingerprint: v for v in self.versions}
         self._by_fingerprint.setdefault(self.writer.fingerprint, self.writer)
         self._header: bytes | None = None
-        self._enc = _compiled(self.writer, record_names)
-        self._dec = _compiled(self.reader, record_names)
+        self._enc = _compiled(self.writer, record_names) if compiled else None
+        self._dec = _compiled(self.reader, record_names) if compiled else None
         # Records the reader wrote itself skip frame parsing (it costs as much as the body).
         self._reader_prefix = single_object_header(self.reader.fingerprint)
 
