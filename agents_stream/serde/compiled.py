@@ -195,9 +195,11 @@ class _EncoderCompiler(_Compiler):
     def length(self, n: str, ind: int) -> None:
         self.emit(ind, f"ap(_V[{n} << 1] if {n} < {_SMALL >> 1} else _long({n}))")
 
-    def enc(self, s: Any, v: str, ind: int) -> None:
+    def enc(self, s: Any, v: str, ind: int, checked: bool = False) -> None:
         k = self.kind(s)
         e = self.emit
+        if k == "null" and checked:  # the union's dispatch test already made the check
+            return
         if k == "null":
             e(ind, f"if {v} is not None: raise Misfit")
         elif k == "boolean":
@@ -221,7 +223,8 @@ class _EncoderCompiler(_Compiler):
             e(ind, f"ap({b})")
         elif k == "bytes":
             n = self.var("n")
-            e(ind, f"if {v}.__class__ is not bytes: raise Misfit")
+            if not checked:
+                e(ind, f"if {v}.__class__ is not bytes: raise Misfit")
             e(ind, f"{n} = len({v})")
             self.length(n, ind)
             e(ind, f"ap({v})")
@@ -299,6 +302,8 @@ class _EncoderCompiler(_Compiler):
             ambiguous.add("int")
         if "int" in cats or "float" in cats:
             ambiguous.add("bool")
+        if "list" in cats:  # fastavro's array validator takes any sequence, bytes too
+            ambiguous.update(("bytes", "str"))
         tests = {
             "null": "{v} is None",
             "bool": "{v} is True or {v} is False",
@@ -314,7 +319,7 @@ class _EncoderCompiler(_Compiler):
                 continue
             e(ind, f"{first} {tests[cat].format(v=v)}:")
             e(ind + 1, f"ap({_V[i << 1]!r})")
-            self.enc(branch, v, ind + 1)
+            self.enc(branch, v, ind + 1, checked=True)
             first = "elif"
         if first == "if":
             e(ind, "raise Misfit")
@@ -347,11 +352,11 @@ class _DecoderCompiler(_Compiler):
         self.emit(ind, f"if {c} > 127: {c}, p = _more(b, p, {c})")
         self.emit(ind, f"{target} = ({c} >> 1) ^ -({c} & 1)")
 
-    def take(self, n: str, target: str, ind: int) -> None:
+    def take(self, n: str, target: str, ind: int, suffix: str = "") -> None:
         end = self.var("e")
         self.emit(ind, f"{end} = p + {n}")
         self.emit(ind, f"if {n} < 0 or {end} > L: raise _corrupt('length past the end')")
-        self.emit(ind, f"{target} = b[p:{end}]")
+        self.emit(ind, f"{target} = b[p:{end}]{suffix}")
         self.emit(ind, f"p = {end}")
 
     def min_size(self, s: Any, seen: frozenset[str] = frozenset()) -> int:
@@ -395,10 +400,7 @@ class _DecoderCompiler(_Compiler):
         elif k in ("string", "bytes"):
             n = self.var("n")
             self.read_long(n, ind)
-            raw = self.var("r") if k == "string" else target
-            self.take(n, raw, ind)
-            if k == "string":
-                e(ind, f"{target} = {raw}.decode()")
+            self.take(n, target, ind, ".decode()" if k == "string" else "")
         elif k == "fixed":
             self.take(str(s["size"]), target, ind)
         elif k == "enum":
