@@ -134,6 +134,8 @@ class AvroSerde:
 
     def _decode_compiled(self, data: bytes, offset: int) -> Any:
         assert self._dec is not None
+        if data.__class__ is not bytes:  # slices of a bytearray/memoryview are not bytes
+            data = bytes(data)
         try:
             value, end = self._dec[1](data, offset)
         except Exception as exc:  # IndexError, struct.error, UnicodeDecodeError, Corrupt

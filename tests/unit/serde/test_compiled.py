@@ -245,3 +245,9 @@ def test_logical_types_are_left_to_fastavro():
         "fields": [{"name": "t", "type": {"type": "long", "logicalType": "timestamp-millis"}}],
     }
     assert compile_schema(parse_schema(raw, named_schemas={}), record_names=False) is None
+
+
+@pytest.mark.parametrize("wrap", [bytearray, memoryview])
+def test_buffers_decode_like_bytes(wrap):
+    entry = sample_entries()[0]
+    assert JOURNAL.decode(b"", wrap(JOURNAL.encode(entry))) == entry
