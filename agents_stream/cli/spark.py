@@ -64,6 +64,10 @@ def register(subparsers: Any) -> None:
         "--write-journal", action="store_true",
         help="append new journal entries to the ActionState topic (workers must be stopped)",
     )  # fmt: skip
+    backfill.add_argument(
+        "--rerun-completed", action="store_true",
+        help="DANGER: also run inputs the worker group already finished (charges them again)",
+    )  # fmt: skip
     backfill.set_defaults(func=run_backfill)
 
     rec = sub.add_parser(
@@ -156,7 +160,7 @@ def run_backfill(args: argparse.Namespace) -> int:
             spark, app, bootstrap, agent=args.agent, starting=args.starting,
             ending=args.ending, output_path=args.output_path, output_topic=args.output_topic,
             app_id=args.app_id, use_journal=not args.no_journal,
-            write_journal=args.write_journal,
+            write_journal=args.write_journal, rerun_completed=args.rerun_completed,
         )  # fmt: skip
         return {**result.summary, "written": result.written}
 

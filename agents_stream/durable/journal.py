@@ -1,6 +1,7 @@
 """The journal's record model: what an action's durable state is made of.
 
-An *ActionState* is identified by ``(key, seq, action)``: the record key, the input
+An *ActionState* is identified by ``(topic, key, seq, action)``: the input topic (v5;
+``""`` for entries written before, see :func:`ref_identity`), the record key, the input
 record's sequence number (its offset in the input partition, so re-consuming the same
 record after a crash finds the same state) and the action id (``Agent.method#ordinal``,
 the ordinal being the position of that action run within the record's processing).
@@ -56,7 +57,14 @@ class ActionRef:
     topic: str = ""  # input topic; "" only for entries written before v5 (see state.keys)
 
     def call_id(self, app_id: str, index: int) -> str:
-        """Stable idempotency key of call ``index`` (same after any number of replays)."""
+        """Stable idempotency key of call ``index`` (same after any number of replays).
+
+        Includes the input topic, so equal offsets of two topics never share an id. A
+        legacy ref (``topic == ""``, an action run journaled before v5) keeps the old
+        form: external systems already hold the ids handed out for its calls.
+        """
+        if self.topic:
+            return f"{app_id}:{self.topic}:{self.key}:{self.seq}:{self.action}:{index}"
         return f"{app_id}:{self.key}:{self.seq}:{self.action}:{index}"
 
 
@@ -230,6 +238,17 @@ def timer_identity(key: str, kind: str, ts: int, agent: str) -> tuple[Any, ...]:
     return ("r", key, kind, ts, agent)
 
 
+def ref_identity(kind: str, ref: ActionRef, *rest: Any) -> tuple[Any, ...]:
+    """Compaction identity of an entry of action run ``ref``: ``(kind, key, seq, topic,
+    action, *rest)``; the topic is left out for legacy refs (``topic == ""``), whose
+    entries keep the key they were written under before v5. Key and seq stay first so
+    that every entry of one record, any topic, shares the ``(kind, key, seq)`` prefix
+    (readers filter by key without knowing the layout)."""
+    if ref.topic:
+        return (kind, ref.key, ref.seq, ref.topic, ref.action, *rest)
+    return (kind, ref.key, ref.seq, ref.action, *rest)
+
+
 def entry_key(entry: JournalEntry | Tombstone) -> tuple[Any, ...]:
     """The compaction identity of an entry (one live value per identity)."""
     if isinstance(entry, Tombstone):
@@ -239,9 +258,9 @@ def entry_key(entry: JournalEntry | Tombstone) -> tuple[Any, ...]:
     if isinstance(entry, InputProgress):
         return progress_identity(entry.topic, entry.partition)
     if isinstance(entry, CallEntry):
-        return ("c", entry.ref.key, entry.ref.seq, entry.ref.action, entry.index)
+        return ref_identity("c", entry.ref, entry.index)
     if isinstance(entry, ActionDone):
-        return ("a", entry.ref.key, entry.ref.seq, entry.ref.action)
+        return ref_identity("a", entry.ref)
     if isinstance(entry, MemorySnapshot):
         return ("m", entry.key)
-    return ("t", entry.ref.key, entry.ref.seq, entry.ref.action, entry.index)
+    return ref_identity("t", entry.ref, entry.index)

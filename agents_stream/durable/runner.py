@@ -101,6 +101,10 @@ class ActionRunner:
     Args:
         on_timers: called with the timers an action registered, once they are durable
             (also when recovery re-writes them); hosts schedule their firing from it.
+        topic: the input topic this runner's records come from, part of every action
+            run's identity (two topics' records at one partition/offset never share
+            ActionStates). Timer firings stay topic-less: a timer belongs to its key and
+            agent, not to an input.
     """
 
     def __init__(
@@ -111,8 +115,10 @@ class ActionRunner:
         sink: OutputSink | None = None,
         *,
         on_timers: TimersHook | None = None,
+        topic: str = "",
     ) -> None:
         self.agent = agent
+        self.topic = topic
         self.name = agent.__name__  # owner of the timers this agent registers
         self.store = store
         self.config = config
@@ -134,7 +140,9 @@ class ActionRunner:
             timestamp=record.timestamp,
             headers=record.headers,
         )
-        await self._process(record.key, record.seq, record.partition, first, "", None, outcome)
+        await self._process(
+            record.key, record.seq, record.partition, first, "", None, outcome, self.topic
+        )
         return outcome
 
     async def run_timer(self, key: str, partition: int, kind: str, ts: int) -> RecordOutcome:
@@ -165,13 +173,15 @@ class ActionRunner:
         tag: str,
         firing: tuple[str, int] | None,
         outcome: RecordOutcome,
+        topic: str = "",
     ) -> None:
         queue: deque[Event] = deque([first])
         ordinal = 0
         while queue:
             event = queue.popleft()
             for spec in self._listeners(event):
-                ref = ActionRef(key, seq, f"{spec.name}#{tag}{ordinal}", partition)
+                ref = ActionRef(key, seq, f"{spec.name}#{tag}{ordinal}", partition, topic)
+                ref = self.store.resolve(ref)
                 ordinal += 1
                 done = self.store.done(ref)
                 outputs: list[Any] | None = None

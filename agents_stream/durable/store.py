@@ -11,11 +11,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 
 from .journal import (
     ActionDone,
     ActionRef,
     CallEntry,
+    InputProgress,
     JournalEntry,
     MemorySnapshot,
     TimerEntry,
@@ -58,7 +60,32 @@ def all_of(futures: Sequence[Future[None]]) -> Future[None]:
 
 
 class ActionStateStore(ABC):
-    """Durable journal of ActionStates plus a read view of it."""
+    """Durable journal of ActionStates plus a read view of it.
+
+    ``legacy_topics``: input topics whose records may have entries journaled before v5
+    (keyed without a topic). Hosts set it to the app's first input topic: before v5
+    every binding shared those keys, and the first topic is the one an upgraded
+    single-topic app reads.
+    """
+
+    legacy_topics: frozenset[str] = frozenset()
+
+    def resolve(self, ref: ActionRef) -> ActionRef:
+        """The identity an action run continues under: ``ref``, or its legacy (pre-v5,
+        topic-less) form when only that one has entries, so that an action run in flight
+        across the upgrade keeps its slots and call ids."""
+        if not ref.topic or ref.topic not in self.legacy_topics:
+            return ref
+        if self.done(ref) is not None or self.calls(ref):
+            return ref
+        legacy = replace(ref, topic="")
+        if self.done(legacy) is not None or self.calls(legacy):
+            return legacy
+        return ref
+
+    @abstractmethod
+    def progress(self, topic: str, partition: int) -> InputProgress | None:
+        """The completed-through marker of input ``topic``/``partition``, if any."""
 
     @abstractmethod
     def calls(self, ref: ActionRef) -> dict[int, CallEntry]:
@@ -106,8 +133,10 @@ class ActionStateStore(ABC):
         """Tombstone call slots ``from_index`` and later (truncation after divergence)."""
 
     @abstractmethod
-    def prune(self, key: str, seq: int, partition: int) -> None:
-        """Tombstone every entry of an input record whose offset is committed."""
+    def prune(self, key: str, seq: int, partition: int, topic: str = "") -> None:
+        """Tombstone every entry of an input record of ``topic`` whose offset is covered
+        by a durable :class:`InputProgress` marker; its legacy (pre-v5) entries too when
+        ``topic`` is one of :attr:`legacy_topics`, never another topic's."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release local resources."""

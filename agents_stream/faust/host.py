@@ -254,8 +254,9 @@ class DurableAgent:
                 subject=f"{self.output}-value",
             )
             sink = KafkaOutputSink(self.producer, self.output, codec)
+        self.store.legacy_topics = frozenset([self.input])
         runner = ActionRunner(
-            self.agent, self.store, self._context, sink, on_timers=self._on_timers
+            self.agent, self.store, self._context, sink, on_timers=self._on_timers, topic=self.input
         )
         return FaustRecordHandler(
             runner,

@@ -226,6 +226,7 @@ class Worker:
                 data_dir=self.data_dir / "action-state",
                 bootstrap=self.broker,
             )
+            self.store.legacy_topics = frozenset(app.input_topics[:1])
         self._agents: dict[str, AgentHost] = {}
         for binding in app.agents:
             sink = None
@@ -238,7 +239,12 @@ class Worker:
                 sink = KafkaOutputSink(self.producer, binding.output, out_codec)
             assert self.store is not None
             runner = ActionRunner(
-                binding.agent, self.store, ctx_config, sink, on_timers=self.timers.add
+                binding.agent,
+                self.store,
+                ctx_config,
+                sink,
+                on_timers=self.timers.add,
+                topic=binding.input,
             )
             if binding.name in self._timer_topics:
                 log.warning(
@@ -525,7 +531,7 @@ class Worker:
             if topic not in self._agents:
                 continue
             for offset, key in records:
-                self.store.prune(key, offset, partition)
+                self.store.prune(key, offset, partition, topic)
 
     # -- rebalance (kafka thread) ---------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

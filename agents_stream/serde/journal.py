@@ -33,7 +33,7 @@ from ..durable.journal import (
     Truncation,
 )
 from ..errors import ConfigurationError
-from ..state.keys import decode_identity
+from ..state.keys import decode_identity, identity_fields
 from .avro import AvroSerde
 from .errors import SerdeError, ValueDecodeError
 from .registry import RegistryBinding
@@ -120,14 +120,15 @@ def _decode_error(reason: str, key: bytes) -> JournalDecodeError:
         parts = decode_identity(key)
     except (UnicodeDecodeError, AttributeError):
         parts = []
-    if len(parts) >= 2:
-        where["key"] = parts[1]
-    if len(parts) >= 3 and _ascii_int(parts[2].removeprefix("-")):
-        where["seq"] = int(parts[2])
-    if len(parts) >= 4:
-        where["action"] = parts[3]
-    if len(parts) >= 5 and parts[0] in ("c", "t") and _ascii_int(parts[4]):
-        where["index"] = int(parts[4])
+    fields = identity_fields(parts)
+    if "key" in fields:
+        where["key"] = fields["key"]
+    if _ascii_int(fields.get("seq", "").removeprefix("-")):
+        where["seq"] = int(fields["seq"])
+    if "action" in fields:
+        where["action"] = fields["action"]
+    if parts[:1] in (["c"], ["t"]) and _ascii_int(fields.get("index", "")):
+        where["index"] = int(fields["index"])
     return JournalDecodeError(reason, **where)
 
 

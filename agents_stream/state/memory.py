@@ -17,6 +17,8 @@ from ..durable.journal import (
     TimerEntry,
     Tombstone,
     entry_key,
+    progress_identity,
+    ref_identity,
 )
 from ..durable.store import ActionStateStore, completed_future
 

@@ -38,7 +38,7 @@ from ...kafka.config import producer_config
 from ..action_state import compact
 from ..kafka_source import read_kafka
 from .backfill_task import RESULT_DDL, BackfillTask, InputRecord, produce_outputs, run_partition
-from .common import log, partition_counts, step
+from .common import committed_offsets, log, partition_counts, step
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -83,6 +83,7 @@ def run_backfill(
     app_id: str | None = None,
     use_journal: bool = True,
     write_journal: bool = False,
+    rerun_completed: bool = False,
 ) -> BackfillResult:
     """Backfills ``agent`` over its input topic range (steps in the module docstring).
 
@@ -99,12 +100,30 @@ def run_backfill(
             e.g. to re-run history without touching production's journal.
         use_journal: start from the ActionState snapshot; ``False`` executes everything.
         write_journal: append new journal entries to the ActionState topic.
+        rerun_completed: also run inputs the worker group finished (below the
+            partition's InputProgress marker or, without one, the group's committed
+            offset). Off by default: those inputs are done, and running them again
+            charges every side effect once more. They are counted in the summary as
+            ``inputs_completed`` (and in ``skipped``).
     """
     index = pick_binding(app, agent)
     binding = app.agents[index]
     app_id = app_id or app.id
     state_topic = f"{app_id}-action-state"
-    task = BackfillTask(app, index, app_id, state_topic, bootstrap, write_journal)
+    committed: tuple[tuple[int, int], ...] = ()
+    if rerun_completed:
+        log.warning(
+            "backfill: --rerun-completed: inputs of %s the worker group already finished "
+            "run AGAIN; their side effects are charged once more",
+            binding.input,
+        )
+    elif use_journal:
+        counts = partition_counts(bootstrap, [binding.input])
+        group = committed_offsets(bootstrap, app.id, binding.input, counts.get(binding.input, 0))
+        committed = tuple(sorted(group.items()))
+    task = BackfillTask(
+        app, index, app_id, state_topic, bootstrap, write_journal, rerun_completed, committed
+    )
     inputs = read_kafka(
         spark, bootstrap, binding.input, starting, ending, includeHeaders="false"
     ).select(
@@ -146,8 +165,10 @@ def run_backfill(
             F.sum("calls_executed").alias("calls_executed"),
             F.sum("calls_replayed").alias("calls_replayed"),
             F.count("error").alias("errors"),
+            F.sum(F.col("completed").cast("int")).alias("inputs_completed"),
         ).collect()[0]
     summary = {k: int(v or 0) for k, v in totals.asDict().items()}
+    summary["skipped"] = summary["inputs_completed"]
     summary.update(agent=binding.name, input=binding.input, app_id=app_id)
     log.info("backfill: %s", summary)
     outputs = results.select(

@@ -30,6 +30,7 @@ from typing import Any
 
 from ...app import AgentBinding, App
 from ...durable.context import ContextConfig
+from ...durable.errors import FATAL_ERRORS
 from ...durable.journal import JournalEntry
 from ...durable.runner import ActionRunner, RecordInput
 from ...errors import KafkaIOError
@@ -43,7 +44,7 @@ log = logging.getLogger("agents_stream.spark.backfill")
 RESULT_DDL = (
     "partition INT, input_offset BIGINT, key STRING, outputs ARRAY<BINARY>, "
     "actions_run INT, actions_skipped INT, calls_executed INT, calls_replayed INT, "
-    "error STRING"
+    "error STRING, completed BOOLEAN"
 )
 """Spark schema of the per-record results of a backfill task."""
 
@@ -67,6 +68,8 @@ class BackfillTask:
         app_id: the id call ids and the ActionState topic derive from (default app.id).
         state_topic: where journal entries go when ``write_journal`` is set.
         bootstrap: bootstrap servers (journal writes only).
+        rerun_completed: run inputs the worker group finished too (explicit opt-in).
+        committed: the worker group's committed offsets, used where no marker exists.
     """
 
     app: App
@@ -75,6 +78,8 @@ class BackfillTask:
     state_topic: str
     bootstrap: str
     write_journal: bool = False
+    rerun_completed: bool = False
+    committed: tuple[tuple[int, int], ...] = ()  # worker group's (partition, offset)
 
     @property
     def agent_binding(self) -> AgentBinding:
@@ -107,11 +112,33 @@ def run_partition(
             strict=task.app.strict_determinism,
             executor=pool,
         )
-        runner = ActionRunner(binding.agent, store, config)
-        rows = asyncio.run(_run_all(runner, records, in_codec, out_codec))
+        runner = ActionRunner(binding.agent, store, config, topic=binding.input)
+        store.legacy_topics = frozenset(task.app.input_topics[:1])
+        below = 0 if task.rerun_completed else completed_through(task, store, partition)
+        todo = [r for r in records if r.offset >= below]
+        rows = [_completed_row(r) for r in records if r.offset < below]
+        rows += asyncio.run(_run_all(runner, todo, in_codec, out_codec))
     if task.write_journal and store.log:
         _write_journal(task, partition, store.log, codec)
     return rows
+
+
+def completed_through(task: BackfillTask, store: InMemoryActionStateStore, partition: int) -> int:
+    """Offset below which the input is done: the partition's InputProgress marker, or,
+    for a journal without one (written before markers), the worker group's committed
+    offset. Guarantee 8: what the worker group finished is never charged again."""
+    marker = store.progress(task.agent_binding.input, partition)
+    if marker is not None:
+        return marker.offset
+    return dict(task.committed).get(partition, 0)
+
+
+def _completed_row(rec: InputRecord) -> dict[str, Any]:
+    return {
+        "partition": rec.partition, "input_offset": rec.offset, "key": rec.key,
+        "outputs": [], "actions_run": 0, "actions_skipped": 0,
+        "calls_executed": 0, "calls_replayed": 0, "error": None, "completed": True,
+    }  # fmt: skip
 
 
 async def _run_all(
@@ -122,13 +149,17 @@ async def _run_all(
         row: dict[str, Any] = {
             "partition": rec.partition, "input_offset": rec.offset, "key": rec.key,
             "outputs": [], "actions_run": 0, "actions_skipped": 0,
-            "calls_executed": 0, "calls_replayed": 0, "error": None,
+            "calls_executed": 0, "calls_replayed": 0, "error": None, "completed": False,
         }  # fmt: skip
         try:
             value = in_codec.decode(rec.value)
             outcome = await runner.run(
                 RecordInput(rec.key, rec.offset, value, rec.partition, rec.timestamp_ms)
             )
+        except FATAL_ERRORS:
+            # An unreadable journal or a strict-mode divergence: no state may be guessed,
+            # so the job fails, as the worker stops, instead of reporting one bad row.
+            raise
         except Exception as exc:  # the worker's on_error="dlq": report and go on
             log.warning(
                 "backfill: %s@%d key=%r failed: %r", rec.partition, rec.offset, rec.key, exc

@@ -51,7 +51,7 @@ class FakeStore:
     def __init__(self) -> None:
         self.pruned: list[tuple[str, int, int]] = []
 
-    def prune(self, key: str, seq: int, partition: int) -> None:
+    def prune(self, key: str, seq: int, partition: int, topic: str = "") -> None:
         self.pruned.append((key, seq, partition))
 
 
