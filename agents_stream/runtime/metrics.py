@@ -230,8 +230,6 @@ class MetricsServer:
             registry=self.registry,
         )
         self.registry.register(WorkerCollector(worker, self.truncations))
-        logging.getLogger("agents_stream.durable").addHandler(self.truncations)
-        worker.setup_hooks.append(self._attach)
         try:
             self._server = ThreadingHTTPServer((host, port), _handler(self))
         except OSError as exc:
@@ -239,6 +237,8 @@ class MetricsServer:
                 f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; choose another "
                 "--metrics-port"
             ) from exc
+        logging.getLogger("agents_stream.durable").addHandler(self.truncations)
+        worker.setup_hooks.append(self._attach)
         self._server.daemon_threads = True
         self.address = self._server.server_address
         self._thread = threading.Thread(
