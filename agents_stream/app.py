@@ -84,6 +84,10 @@ class App:
             on; ``"fail"`` stops the worker without committing it.
         strict_determinism: raise NonDeterminismError instead of truncate-and-re-execute.
         prune_completed: tombstone a record's ActionStates once its offset is committed.
+        rerun_completed: DANGER, explicit opt-in: run input records below their
+            partition's completed-through marker (InputProgress) again, e.g. after a
+            consumer-group offset reset. By default they are skipped: they finished, and
+            running them again charges every side effect once more.
         commit_interval: seconds between offset commits.
         partitions: partition count of topics the worker has to create.
         replication_factor: replication of topics the worker creates (-1: the broker's
@@ -112,6 +116,7 @@ class App:
     on_error: Literal["dlq", "fail"] = "dlq"
     strict_determinism: bool = False
     prune_completed: bool = True
+    rerun_completed: bool = False
     commit_interval: float = 1.0
     partitions: int = 4
     replication_factor: int = -1

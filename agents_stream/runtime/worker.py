@@ -9,7 +9,14 @@ Commit protocol (every ``commit_interval`` and on revoke/shutdown):
      finished (a record finishes when all its actions completed and their outputs and
      journal records were acknowledged);
   2. commit those offsets synchronously;
-  3. tombstone the ActionStates of records below the committed offsets (pruning).
+  3. append an InputProgress marker (completed-through = the committed offset) per
+     agent input partition to its ActionState partition and wait for the ack;
+  4. only then tombstone the ActionStates of records below the committed offsets
+     (pruning): once a record's journal is gone, the durable marker is what says it is
+     done, even if the group's offsets are reset later.
+
+On assign, the partition's marker is read after the cache rebuild; records below it
+are skipped (not run, not output) and committed past, unless ``App(rerun_completed=True)``.
 
 Commit bookkeeping (offsets, finished records) lives on the loop thread, where records
 finish; the kafka thread only receives snapshots. A commit loop that dies of anything
@@ -50,8 +57,9 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
 
 from ..app import App
+from ..durable.acks import acked
 from ..durable.context import ContextConfig
-from ..durable.journal import TimerEntry
+from ..durable.journal import InputProgress, TimerEntry
 from ..durable.runner import ActionRunner
 from ..errors import ConfigurationError, KafkaIOError
 from ..kafka.admin import (
@@ -128,6 +136,10 @@ class Worker:
         self._owned: set[tuple[str, int]] = set()
         self._state_refs: dict[int, int] = defaultdict(int)
         self._finished: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
+        # Completed-through marker offset per agent input partition (see the module doc).
+        self._completed_through: dict[tuple[str, int], int] = {}
+        self._skip_logged: set[tuple[str, int]] = set()
+        self._marker_floor: dict[tuple[str, int], int] = {}  # markers never move back
         self._paused = False
         self.stats: dict[str, int] = defaultdict(int)
         self.timers = TimerService()
@@ -386,6 +398,10 @@ class Worker:
         arm_at = self._arm_at.get((topic, partition))
         if arm_at is not None and offset + 1 >= arm_at:
             self._arm((topic, partition))
+        if offset < self._completed_through.get((topic, partition), -1):
+            tracker.finish(offset)
+            self._skip_completed(topic, partition, offset)
+            return
 
         def done(ok: bool) -> None:
             if ok:
@@ -413,6 +429,59 @@ class Worker:
                 lambda: host.handle(msg),
                 done,
             )
+
+    def _skip_completed(self, topic: str, partition: int, offset: int) -> None:
+        """A record the group already finished (re-consumed after an offset reset or a
+        lost commit): running it again would charge its side effects twice."""
+        self.stats["records_skipped_completed"] += 1
+        if (topic, partition) not in self._skip_logged:
+            self._skip_logged.add((topic, partition))
+            marker = self._completed_through[(topic, partition)]
+            log.warning(
+                "%s[%d]: skipping %d records below completed-through marker %d",
+                topic, partition, marker - offset, marker,
+            )  # fmt: skip
+
+    async def _mark_progress(self, offsets: dict[tuple[str, int], int]) -> bool:
+        """Step 3: completed-through markers of the committed agent partitions; True when
+        acked (pruning may go on), False when it must wait for the next commit."""
+        markers = self._progress_markers(offsets)
+        if not markers:
+            return True
+        try:
+            for marker in markers:
+                await acked(self.store.append([marker], marker.partition))  # type: ignore[union-attr]
+        except Exception as exc:
+            log.warning("completed-through marker not written (not pruning yet): %s", exc)
+            return False
+        return True
+
+    def _progress_markers(self, offsets: dict[tuple[str, int], int]) -> list[InputProgress]:
+        if self.store is None:
+            return []
+        now = int(time.time() * 1000)
+        out = []
+        for (topic, partition), position in offsets.items():
+            if topic not in self._agents:
+                continue
+            # Never move a marker back (offsets reset below it re-commit lower positions).
+            position = max(position, self._marker_floor.get((topic, partition), 0))
+            self._marker_floor[(topic, partition)] = position
+            out.append(InputProgress(topic, partition, position, now, self.worker_id))
+        return out
+
+    def _mark_progress_blocking(self, offsets: dict[tuple[str, int], int]) -> bool:
+        """Kafka thread (revoke): :meth:`_mark_progress` waiting on the acks directly."""
+        markers = self._progress_markers(offsets)
+        try:
+            for marker in markers:
+                self.store.append([marker], marker.partition).result(  # type: ignore[union-attr]
+                    timeout=self.shutdown_timeout
+                )
+        except Exception as exc:
+            log.warning("completed-through marker not written on revoke: %s", exc)
+            return False
+        return True
 
     def _watermark_done(self, topic: str, watermark: int) -> None:
         """Every record before this watermark has finished: event time has advanced, and
@@ -487,7 +556,10 @@ class Worker:
         if not offsets:
             return
         await self._on_kafka(self._commit_offsets, offsets)
-        await self._on_kafka(self._prune, self._committed(offsets))
+        marked = await self._mark_progress(offsets)
+        done = self._committed(offsets)
+        if marked:  # unmarked: the records stay journaled, which is safe
+            await self._on_kafka(self._prune, done)
 
     def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]:
         """Loop thread: a snapshot of the offsets to commit."""
@@ -550,6 +622,7 @@ class Worker:
                 if self._state_refs[tp.partition] == 0:
                     replayed += self.store.assign(tp.partition)
                 self._state_refs[tp.partition] += 1
+                self._load_progress(tp.topic, tp.partition)
                 name = self._agents[tp.topic].name
                 timers = [t for t in self.store.timers(tp.partition) if t.agent == name]
                 arm_at = input_end(consumer, tp.topic, tp.partition)
@@ -570,6 +643,25 @@ class Worker:
             time.monotonic() - started,
         )
 
+    def _load_progress(self, topic: str, partition: int) -> None:
+        """Kafka thread, after the cache rebuild: the partition's completed-through marker
+        (records below it are skipped, see the module doc)."""
+        assert self.store is not None
+        self._skip_logged.discard((topic, partition))
+        marker = self.store.progress(topic, partition)
+        self._marker_floor[(topic, partition)] = marker.offset if marker is not None else 0
+        if marker is None:
+            self._completed_through.pop((topic, partition), None)
+        elif self.app.rerun_completed:
+            log.warning(
+                "%s[%d]: rerun_completed: records below completed-through marker %d run "
+                "AGAIN and charge their side effects once more",
+                topic, partition, marker.offset,
+            )  # fmt: skip
+            self._completed_through.pop((topic, partition), None)
+        else:
+            self._completed_through[(topic, partition)] = marker.offset
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {(tp.topic, tp.partition) for tp in partitions} & self._owned
         if not revoked:
@@ -587,10 +679,12 @@ class Worker:
                 committed = offsets
             except KafkaIOError as exc:
                 log.warning("commit on revoke failed: %s", exc)
+        marked = not committed or self._mark_progress_blocking(committed)
         done = asyncio.run_coroutine_threadsafe(
             self._forget(revoked, committed), self._loop
         ).result()
-        self._prune(done)
+        if marked:
+            self._prune(done)
         for topic, partition in revoked:
             self._owned.discard((topic, partition))
             if topic in self._agents and self.store is not None:

@@ -17,6 +17,7 @@ from collections import defaultdict
 import pytest
 
 from agents_stream import Agent, App, InputEvent, RunnerContext, action
+from agents_stream.durable.store import completed_future
 from agents_stream.runtime.offsets import OffsetTracker
 from agents_stream.runtime.worker import Worker
 
@@ -51,7 +52,15 @@ class FakeStore:
     def __init__(self) -> None:
         self.pruned: list[tuple[str, int, int]] = []
 
+        self.markers: list = []
+
+    def append(self, entries, partition):
+        self.markers.extend(entries)
+        return completed_future()
+
     def prune(self, key: str, seq: int, partition: int, topic: str = "") -> None:
+        # Pruning is only allowed below a marker that was already written (acked).
+        assert self.markers and self.markers[-1].offset > seq
         self.pruned.append((key, seq, partition))
 
 
@@ -150,6 +159,10 @@ def test_records_finishing_during_a_commit_survive_its_prune(tmp_path):
     assert consumer.commits[0] == {TP: 3}
     assert consumer.commits[1] == {TP: 6}
     assert sorted(worker.store.pruned) == [(f"k{o}", o, 0) for o in range(6)]
+    assert [(m.topic, m.partition, m.offset) for m in worker.store.markers] == [
+        ("in", 0, 3),
+        ("in", 0, 6),
+    ]
     assert worker._finished[TP] == []
     assert worker._finished.foreign == [], "finished records touched off the loop"
     assert worker.offsets.foreign == [], "offsets read off the loop"
