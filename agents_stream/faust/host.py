@@ -35,16 +35,17 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections import defaultdict
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..agent import Agent
 from ..app import normalize_broker
 from ..durable.context import ContextConfig
-from ..durable.journal import TimerEntry
+from ..durable.journal import InputProgress, TimerEntry
 from ..durable.payload import JSON, PayloadCodec
 from ..durable.runner import ActionRunner, OutputSink
 from ..errors import ConfigurationError
@@ -100,7 +101,10 @@ class DurableAgent:
             the Faust app, leave the record unacked).
         worker_id: recorded in every CallResult (default host-pid).
         prune_completed, prune_interval: tombstone a record's ActionStates once Faust
-            committed its offset, checked every ``prune_interval`` seconds.
+            committed its offset, checked every ``prune_interval`` seconds; an
+            InputProgress marker (completed-through = Faust's committed offset) is acked
+            first, and events below it are acked without running when re-delivered.
+        rerun_completed: DANGER, explicit opt-in: run events below the marker again.
         store, sink: bring your own ActionStateStore / OutputSink (tests, Faust's
             ``agent.test_context()``); no journal topic or producer is created for them.
         name: the Faust agent's name.
@@ -126,6 +130,7 @@ class DurableAgent:
         kafka_config: dict[str, Any] | None = None,
         prune_completed: bool = True,
         prune_interval: float = 2.0,
+        rerun_completed: bool = False,
         store: ActionStateStore | None = None,
         sink: OutputSink | None = None,
         name: str | None = None,
@@ -170,6 +175,7 @@ class DurableAgent:
         self._start_lock = asyncio.Lock()
         self._assign_lock = asyncio.Lock()
         self._timers_warned = False
+        self.rerun_completed = rerun_completed
 
         self.faust_agent = faust_app.agent(
             self.topic, name=name or f"agents_stream.{self.app_id}.{agent.__name__}"
@@ -292,6 +298,8 @@ class DurableAgent:
             if isinstance(self.store, KafkaActionStateStore):
                 for partition in new:
                     replayed += await asyncio.to_thread(self.store.assign, partition)
+            for partition in new:
+                self._load_progress(partition)
             self._owned.update(new)
         log.info(
             "%s: assigned %s[%s] (replayed %d journal records)",
@@ -300,6 +308,24 @@ class DurableAgent:
             ",".join(map(str, new)),
             replayed,
         )
+
+    def _load_progress(self, partition: int) -> None:
+        """After the cache rebuild: events below the partition's completed-through marker
+        are acked without running (the worker's rule, guarantee 8)."""
+        assert self.store is not None and self.handler is not None
+        marker = self.store.progress(self.input, partition)
+        through = self.handler.completed_through
+        if marker is None:
+            through.pop(partition, None)
+        elif self.rerun_completed:
+            log.warning(
+                "%s[%d]: rerun_completed: events below completed-through marker %d run "
+                "AGAIN and charge their side effects once more",
+                self.input, partition, marker.offset,
+            )  # fmt: skip
+            through.pop(partition, None)
+        else:
+            through[partition] = marker.offset
 
     def _assigned_by_faust(self, partition: int) -> bool:
         """Whether Faust's consumer holds the input partition (True without a consumer
@@ -354,8 +380,25 @@ class DurableAgent:
             if not done:
                 continue
             self._finished[partition] = [(o, k) for o, k in finished if o >= position]
+            self._mark_then_prune(partition, position, done)
+
+    def _mark_then_prune(self, partition: int, position: int, done: list[tuple[int, str]]) -> None:
+        """Write the completed-through marker and prune only once it is acked: after the
+        tombstones the marker is the only record that these events are done."""
+        assert self.store is not None
+        store = self.store
+        marker = InputProgress(
+            self.input, partition, position, int(time.time() * 1000), self._context.worker_id
+        )
+
+        def prune(fut: Future[None]) -> None:
+            if fut.exception() is not None:
+                log.warning("completed-through marker not written (not pruning): %s", fut.exception())
+                return
             for offset, key in done:
-                self.store.prune(key, offset, partition)
+                store.prune(key, offset, partition, self.input)
+
+        store.append([marker], partition).add_done_callback(prune)
 
 
 def _committed_offsets(faust_app: faust.App) -> dict[tuple[str, int], int]:

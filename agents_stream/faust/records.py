@@ -153,6 +153,9 @@ class FaustRecordHandler:
         self._crash = crash
         self._owns = owns
         self.failed: BaseException | None = None
+        # Completed-through marker per input partition, set by the host on assignment.
+        self.completed_through: dict[int, int] = {}
+        self._skip_logged: set[int] = set()
         self.stats: dict[str, int] = {
             "records": 0,
             "calls_executed": 0,
@@ -167,6 +170,10 @@ class FaustRecordHandler:
         if self.failed is not None:
             return False  # stopping: leave it (and everything after it) unacked
         record = record_input(event)
+        if record.seq < self.completed_through.get(record.partition, -1):
+            self._skip_completed(record)
+            event.ack()
+            return True
         try:
             outcome = await self.runner.run(record)
         except asyncio.CancelledError:
@@ -176,6 +183,18 @@ class FaustRecordHandler:
         self._count(outcome)
         event.ack()
         return True
+
+    def _skip_completed(self, record: RecordInput) -> None:
+        """An event the group already finished (re-delivered after an offset reset):
+        running it again would charge its side effects twice."""
+        self.stats["skipped_completed"] = self.stats.get("skipped_completed", 0) + 1
+        if record.partition not in self._skip_logged:
+            self._skip_logged.add(record.partition)
+            marker = self.completed_through[record.partition]
+            log.warning(
+                "%s[%d]: skipping %d records below completed-through marker %d",
+                self.runner.topic, record.partition, marker - record.seq, marker,
+            )  # fmt: skip
 
     def _count(self, outcome: RecordOutcome) -> None:
         self.stats["records"] += 1

@@ -22,7 +22,14 @@ from typing import Any
 import pyarrow as pa
 
 from ..durable.errors import JournalDecodeError
-from ..durable.journal import ActionDone, CallEntry, JournalEntry, MemorySnapshot, Truncation
+from ..durable.journal import (
+    ActionDone,
+    CallEntry,
+    InputProgress,
+    JournalEntry,
+    MemorySnapshot,
+    Truncation,
+)
 from ..durable.values import MAGIC, VERSION
 from ..serde.journal import JournalCodec, default_journal_codec
 
@@ -65,6 +72,10 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("at_ms", pa.int64(), "BIGINT"),
     ("error", pa.string(), "STRING"),
     ("raw_value", pa.binary(), "BINARY"),
+    # Input topic of the action run ("" for entries written before v5); for a
+    # "progress" row (InputProgress marker) the topic whose partition it covers, with
+    # the marker's exclusive completed-through offset in ``seq``.
+    ("topic", pa.string(), "STRING"),
 ]
 
 JOURNAL_COLUMNS: list[str] = [name for name, _, _ in _COLUMNS]
@@ -76,7 +87,7 @@ JOURNAL_ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in _COLUM
 JOURNAL_DDL = ", ".join(f"`{name}` {ddl}" for name, _, ddl in _COLUMNS)
 """Spark DDL schema of decoded journal rows."""
 
-KINDS = ("call", "done", "memory", "truncation", "undecodable")
+KINDS = ("call", "done", "memory", "truncation", "progress", "undecodable")
 """Kinds this reader names; entry kinds added later appear as their class name, lowercased."""
 
 
@@ -149,6 +160,14 @@ def entry_row(entry: JournalEntry) -> dict[str, Any]:
             "dropped": entry.dropped,
             "at_ms": entry.at_ms,
         }
+    if isinstance(entry, InputProgress):
+        return {
+            "kind": "progress",
+            "topic": entry.topic,
+            "seq": entry.offset,
+            "at_ms": entry.at_ms,
+            "worker_id": entry.worker_id,
+        }
     # An entry kind newer than this reader (e.g. timers): kept as a row of its own kind.
     row: dict[str, Any] = {"kind": type(entry).__name__.lower()}
     ref = getattr(entry, "ref", None)
@@ -162,6 +181,7 @@ def entry_row(entry: JournalEntry) -> dict[str, Any]:
 def _ref(ref: Any) -> dict[str, Any]:
     return {
         "key": ref.key,
+        "topic": ref.topic,
         "seq": ref.seq,
         "action": ref.action,
         "action_name": action_name(ref.action),

@@ -34,7 +34,9 @@ from tests.apps.effects import park
 app = App(
     os.environ.get("AS_APP_ID", "spark-app"),
     commit_interval=0.3,
-    prune_completed=False,  # audits need the completed ActionStates
+    # Audits of anomalies need the completed ActionStates; AS_PRUNE=1 runs a healthy,
+    # pruned deployment (completed-through markers are then what says "done").
+    prune_completed=os.environ.get("AS_PRUNE") == "1",
     partitions=2,
 )
 

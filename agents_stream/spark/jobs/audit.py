@@ -155,7 +155,19 @@ def missing_inputs(
         .groupBy("agent", "partition", "key", "seq")
         .agg(F.min(F.col("completed").cast("int")).alias("all_done"))
     )
-    joined = inputs.join(
+    # Inputs below their partition's completed-through marker are done even though
+    # pruning removed their ActionStates (guarantee 8): not missing state.
+    markers = (
+        journal.where(F.col("kind") == "progress")
+        .groupBy("topic", "partition")
+        .agg(F.max("seq").alias("completed_through"))
+    )
+    pending = (
+        inputs.join(markers, ["topic", "partition"], "left")
+        .where(F.col("completed_through").isNull() | (F.col("offset") >= F.col("completed_through")))
+        .drop("completed_through")
+    )
+    joined = pending.join(
         per_record.withColumnRenamed("seq", "offset"),
         ["agent", "partition", "key", "offset"],
         "left",

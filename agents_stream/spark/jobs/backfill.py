@@ -117,7 +117,9 @@ def run_backfill(
             "run AGAIN; their side effects are charged once more",
             binding.input,
         )
-    elif use_journal:
+    elif use_journal and app_id == app.id:
+        # Another app id is a separate history (its own journal and call ids): the
+        # production group's offsets say nothing about what ran under it.
         counts = partition_counts(bootstrap, [binding.input])
         group = committed_offsets(bootstrap, app.id, binding.input, counts.get(binding.input, 0))
         committed = tuple(sorted(group.items()))
