@@ -99,6 +99,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="json: one object per line with ts, level, logger, message and, for a record, "
         "topic, partition, offset, key (default text, $AGENTS_STREAM_LOG_FORMAT)",
     )
+    p.add_argument(
+        "--rerun-completed",
+        action="store_true",
+        help="DANGER: run records below their partition's completed-through marker again "
+        "(after an offset reset they are skipped by default; re-running charges them twice)",
+    )
     p.set_defaults(func=run)
 
 
@@ -128,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
             app.replication_factor = args.replication_factor
         if args.min_insync_replicas is not None:
             app.min_insync_replicas = args.min_insync_replicas
+        if getattr(args, "rerun_completed", False):
+            app.rerun_completed = True
         # Checked before anything touches a broker (or starts one).
         Worker.check_options(app)
         broker = _resolve_broker(app, args.broker)

@@ -74,3 +74,11 @@ def test_reset_offsets_do_not_rerun_completed_inputs(broker, topic_factory, work
     assert effects(db) == executed, "completed inputs were executed again"
     assert len(read_topic(broker.bootstrap, env["AS_OUTPUT"])) == N, "outputs sent again"
     assert again.terminate() == 0
+
+    # The explicit opt-in runs them again (their journal is pruned: all execute).
+    reset_group(broker.bootstrap, env["AS_APP_ID"], env["AS_INPUT"], 2)
+    rerun = worker_factory("tests.apps.crashy:app", env, extra_args=["--rerun-completed"])
+    wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 2 * N)
+    assert "rerun_completed" in rerun.log()
+    assert effects(db) == 2 * executed
+    assert rerun.terminate() == 0
