@@ -177,37 +177,42 @@ def read_latest(
 
 def format_key(entries: list[JournalEntry]) -> list[str]:
     """Lines for ``state show``: actions by (seq, ordinal), their calls by index."""
-    calls: dict[tuple[int, str], list[CallEntry]] = defaultdict(list)
-    done: dict[tuple[int, str], ActionDone] = {}
-    truncations: dict[tuple[int, str], list[Truncation]] = defaultdict(list)
+    # Runs by (seq, action, input topic): two topics' records at one offset are two runs.
+    calls: dict[tuple[int, str, str], list[CallEntry]] = defaultdict(list)
+    done: dict[tuple[int, str, str], ActionDone] = {}
+    truncations: dict[tuple[int, str, str], list[Truncation]] = defaultdict(list)
     memory: list[MemorySnapshot] = []
     timers: list[TimerEntry] = []
     for entry in entries:
         if isinstance(entry, CallEntry):
-            calls[(entry.ref.seq, entry.ref.action)].append(entry)
+            calls[(entry.ref.seq, entry.ref.action, entry.ref.topic)].append(entry)
         elif isinstance(entry, ActionDone):
-            done[(entry.ref.seq, entry.ref.action)] = entry
+            done[(entry.ref.seq, entry.ref.action, entry.ref.topic)] = entry
         elif isinstance(entry, Truncation):
-            truncations[(entry.ref.seq, entry.ref.action)].append(entry)
+            truncations[(entry.ref.seq, entry.ref.action, entry.ref.topic)].append(entry)
         elif isinstance(entry, TimerEntry):
             timers.append(entry)
         elif isinstance(entry, MemorySnapshot):
             memory.append(entry)
     lines = []
-    runs = sorted({*calls, *done, *truncations}, key=lambda r: (r[0], action_ordinal(r[1]), r[1]))
-    for seq, action in runs:
-        finished = done.get((seq, action))
+    runs = sorted(
+        {*calls, *done, *truncations}, key=lambda r: (r[2], r[0], action_ordinal(r[1]), r[1])
+    )
+    for run in runs:
+        seq, action, topic = run
+        finished = done.get(run)
         state = (
             f"completed ({finished.calls} calls, {len(finished.outputs)} outputs)"
             if finished
             else "in progress"
         )
-        lines.append(f"  seq {seq}  action {action}  {state}")
-        for call in sorted(calls[(seq, action)], key=lambda c: c.index):
+        where = f"topic {topic}  " if topic else ""
+        lines.append(f"  {where}seq {seq}  action {action}  {state}")
+        for call in sorted(calls[run], key=lambda c: c.index):
             lines.append(
                 f"    call {call.index}  {call.function_id}  {call.status.value}  {_outcome(call)}"
             )
-        for cut in truncations[(seq, action)]:
+        for cut in truncations[run]:
             lines.append(
                 f"    truncated at call {cut.index}: now {cut.expected_function_id}, "
                 f"journal had {cut.recorded_function_id} ({cut.dropped} dropped)"

@@ -142,9 +142,10 @@ def read_journal(
 
 
 def action_states(journal: DataFrame) -> DataFrame:
-    """Groups journal rows into one row per ActionState ``(partition, key, seq, action)``.
+    """Groups journal rows into one row per ActionState ``(partition, topic, key, seq,
+    action)`` (``topic``: the input topic, ``""`` for entries written before v5).
 
-    Columns: ``partition, key, seq, action, action_name``; ``calls`` (array of structs
+    Columns: ``partition, topic, key, seq, action, action_name``; ``calls`` (array of structs
     ordered by index: index, function_id, args_digest, status, result_json, result_size,
     exception_type, exception_message, call_id, started_ms, finished_ms, attempts,
     worker_id); ``pending_calls``, ``failed_calls``, ``succeeded_calls``; ``completed``
@@ -158,7 +159,7 @@ def action_states(journal: DataFrame) -> DataFrame:
     def count_status(status: str) -> Any:
         return F.sum(F.when(is_call & (F.col("status") == status), 1).otherwise(0))
 
-    grouped = rows.groupBy("partition", "key", "seq", "action").agg(
+    grouped = rows.groupBy("partition", "topic", "key", "seq", "action").agg(
         F.first("action_name").alias("action_name"),
         F.array_sort(F.collect_list(F.when(is_call, F.struct(*CALL_FIELDS)))).alias("calls"),
         count_status("PENDING").alias("pending_calls"),
