@@ -1,0 +1,65 @@
+"""Backfill tasks on their own (no Spark session): a fatal error fails the task instead of
+becoming a per-row failure, and inputs below the completed-through marker are skipped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agents_stream import Agent, App, InputEvent, RunnerContext, action
+from agents_stream.durable import ActionRef, CallStatus
+from agents_stream.durable.errors import NonDeterminismError
+from agents_stream.durable.journal import CallEntry, InputProgress
+from agents_stream.serde.journal import default_journal_codec
+from agents_stream.spark.jobs.backfill_task import BackfillTask, InputRecord, run_partition
+from agents_stream.state.keys import entry_key_bytes
+
+RAN: list[int] = []
+
+
+def charge(n: int) -> int:
+    RAN.append(n)
+    return n
+
+
+class Charger(Agent):
+    @action(InputEvent)
+    @staticmethod
+    def process(event: InputEvent, ctx: RunnerContext) -> None:
+        ctx.execute(charge, event.input["n"])
+
+
+def task(strict: bool = False, committed=()) -> BackfillTask:
+    app = App("bf-unit", strict_determinism=strict)
+    app.agent(Charger, input="bf-in")
+    return BackfillTask(app, 0, app.id, app.action_state_topic, "unused:9092", committed=committed)
+
+
+def records(n: int) -> list[InputRecord]:
+    return [InputRecord(0, o, f"k{o}", json.dumps({"n": o}).encode()) for o in range(n)]
+
+
+def snapshot(*entries) -> list[tuple[bytes, bytes]]:
+    codec = default_journal_codec()
+    return [(entry_key_bytes(e), codec.encode(e)) for e in entries]
+
+
+def test_fatal_errors_fail_the_task():
+    ref = ActionRef("k0", 0, "Charger.process#0", 0, "bf-in")
+    other = CallEntry(ref, 0, "somewhere:else", "digest", CallStatus.SUCCEEDED, result=b"1")
+    with pytest.raises(NonDeterminismError):
+        run_partition(task(strict=True), 0, records(1), snapshot(other))
+
+
+def test_inputs_below_the_marker_or_committed_offset_are_skipped():
+    RAN.clear()
+    marker = InputProgress("bf-in", 0, 3)
+    rows = run_partition(task(), 0, records(5), snapshot(marker))
+    assert RAN == [3, 4]
+    assert [r["completed"] for r in sorted(rows, key=lambda r: r["input_offset"])] == [
+        True, True, True, False, False,
+    ]  # fmt: skip
+    RAN.clear()
+    run_partition(task(committed=((0, 2),)), 0, records(5), [])  # no marker: group offsets
+    assert RAN == [2, 3, 4]
