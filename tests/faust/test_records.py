@@ -230,3 +230,17 @@ def test_durable_agent_inside_faust_test_context(tmp_path):
     ]
     assert store.memory("c-1", 0).values == {"count": b"2"}
     assert durable.stats["records"] == 2
+
+
+def test_events_below_the_completed_through_marker_are_acked_without_running():
+    """Guarantee 8: re-delivered after a group offset reset, a pruned (journal-less) event
+    below the partition's marker is acked, never run or output again."""
+    host = Host()
+    host.handler.completed_through[0] = 10  # what the Faust host loads on assignment
+    below = FakeEvent({"n": 4}, offset=9)
+    assert run(host.handler.handle(below)) is True
+    assert below.acked and EFFECTS == [] and host.sink.sent == []
+    assert host.handler.stats["skipped_completed"] == 1
+    at = FakeEvent({"n": 4}, offset=10)
+    assert run(host.handler.handle(at)) is True
+    assert len(EFFECTS) == 1
