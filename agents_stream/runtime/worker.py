@@ -58,10 +58,9 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Messa
 
 from ..app import App
 from ..durable.acks import acked
-from ..durable.context import ContextConfig
 from ..durable.journal import InputProgress, TimerEntry
-from ..durable.runner import ActionRunner
 from ..errors import ConfigurationError, KafkaIOError
+from ..host.kit import DurableHost
 from ..kafka.admin import (
     StartupCancelled,
     TopicAdmin,
@@ -69,17 +68,12 @@ from ..kafka.admin import (
     compacted,
     validate_topic_names,
 )
-from ..kafka.config import configure, consumer_config, producer_config
-from ..kafka.producer import AckingProducer
-from ..serde.journal import default_journal_codec
-from ..serde.values import value_codec
+from ..kafka.config import configure, consumer_config
 from ..state.kafka import KafkaActionStateStore
 from .agent_host import AgentHost
 from .async_io import AsyncIOHost
 from .controller import ExecutionController
-from .dlq import DeadLetters
 from .offsets import OffsetTracker
-from .sink import KafkaOutputSink
 from .timers import TimerService, input_end
 from .watermarks import WatermarkGenerator
 
@@ -212,8 +206,20 @@ class Worker:
         )
         if app.agents:
             self._check_action_state(counts)
-        self.producer = AckingProducer(producer_config(self.broker, app.producer_config))
-        self.dlq = DeadLetters(self.producer, app.id)
+        # Journal producer, store, runners, sinks and dead letters: the host kit builds
+        # them the same way for every host.
+        self.kit = DurableHost(
+            app,
+            bootstrap=self.broker,
+            data_dir=self.data_dir,
+            worker_id=self.worker_id,
+            executor=self._pool,
+            on_timers=self.timers.add,
+        )
+        assert self.kit.producer is not None and self.kit.dlq is not None
+        self.producer = self.kit.producer
+        self.dlq = self.kit.dlq
+        self.store: KafkaActionStateStore | None = self.kit.kafka_store if app.agents else None
         self.controller = ExecutionController(self.max_in_flight, epoch_mode=app.epoch_mode)
         # Event time per agent input topic, from record timestamps (FLIP-425 epochs).
         self._watermarks = {
@@ -222,42 +228,9 @@ class Worker:
         }
         self.event_time: dict[str, int] = {}
         self.offsets = OffsetTracker()
-        ctx_config = ContextConfig(
-            app_id=app.id,
-            worker_id=self.worker_id,
-            codec=app.payload_codec,
-            strict=app.strict_determinism,
-            executor=self._pool,
-        )
-        self.store: KafkaActionStateStore | None = None
-        if app.agents:
-            self.store = KafkaActionStateStore(
-                topic=app.action_state_topic,
-                producer=self.producer,
-                codec=default_journal_codec(app.schema_registry_url, app.action_state_topic),
-                data_dir=self.data_dir / "action-state",
-                bootstrap=self.broker,
-            )
-            self.store.legacy_topics = frozenset(app.input_topics[:1])
         self._agents: dict[str, AgentHost] = {}
-        for binding in app.agents:
-            sink = None
-            if binding.output:
-                out_codec = value_codec(
-                    binding.output_schema,
-                    registry_url=app.schema_registry_url,
-                    subject=f"{binding.output}-value",
-                )
-                sink = KafkaOutputSink(self.producer, binding.output, out_codec)
-            assert self.store is not None
-            runner = ActionRunner(
-                binding.agent,
-                self.store,
-                ctx_config,
-                sink,
-                on_timers=self.timers.add,
-                topic=binding.input,
-            )
+        for topic, bound in self.kit.bindings.items():
+            binding = bound.spec
             if binding.name in self._timer_topics:
                 log.warning(
                     "agent %s is bound to several inputs; its timers fire for %s only",
@@ -265,16 +238,11 @@ class Worker:
                     self._timer_topics[binding.name],
                 )
             else:
-                self._timer_topics[binding.name] = binding.input
-            in_codec = value_codec(
-                binding.input_schema,
-                registry_url=app.schema_registry_url,
-                subject=f"{binding.input}-value",
-            )
-            self._agents[binding.input] = AgentHost(
+                self._timer_topics[binding.name] = topic
+            self._agents[topic] = AgentHost(
                 binding,
-                runner,
-                in_codec,
+                bound.runner,
+                bound.input_codec,
                 self.dlq,
                 on_error=app.on_error,
                 stats=self.stats,
@@ -739,9 +707,7 @@ class Worker:
             except KafkaIOError as exc:
                 log.warning("final commit failed: %s", exc)
         await self._on_kafka(self.consumer.close)
-        await self._loop.run_in_executor(None, self.producer.close)  # type: ignore[union-attr]
-        if self.store is not None:
-            self.store.close()
+        await self._loop.run_in_executor(None, self.kit.close)  # type: ignore[union-attr]
         self._kafka.shutdown(wait=False)
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.stats:

@@ -1,0 +1,166 @@
+"""DurableHost: the one place that wires the durable core to Kafka.
+
+A *host* decides **when** things happen: the worker from its consumer loop, the Faust
+adapter from Faust's callbacks, Spark backfill from one task per input partition. This
+kit decides **how** the durable machinery is built and shared: the journal producer, the
+ActionState store with its RocksDB caches (and which input topic owns pre-v5 entries),
+the runner context, one :class:`~agents_stream.durable.runner.ActionRunner` per agent
+binding (its input topic part of every identity), the value codecs, the output sinks and
+the dead letters. Hosts never construct these themselves, so a fix or a speed-up of any
+of them reaches every host at once.
+
+Lifecycle a host drives:
+
+==========================  ============================================================
+``DurableHost(app, ...)``   build everything (no I/O: the producer connects lazily)
+``open_partitions``         catch the caches of newly owned partitions up (rebuild)
+``bindings[topic].runner``  run a decoded record of ``topic`` (the host applies its
+                            error policy around it)
+``progress``                the completed-through marker of an input partition
+``close_partitions``        release the caches of revoked partitions
+``close``                   flush the producer, release the caches
+==========================  ============================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..app import AgentBinding, App
+from ..durable.context import ContextConfig
+from ..durable.journal import InputProgress
+from ..durable.runner import ActionRunner, OutputSink, TimersHook
+from ..durable.store import ActionStateStore
+from ..kafka.config import producer_config
+from ..kafka.producer import AckingProducer
+from ..runtime.dlq import DeadLetters
+from ..runtime.sink import KafkaOutputSink
+from ..serde.journal import default_journal_codec
+from ..serde.values import ValueCodec, value_codec
+from ..state.kafka import KafkaActionStateStore
+
+log = logging.getLogger("agents_stream.host")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One agent on one input topic, as every host runs it."""
+
+    spec: AgentBinding
+    runner: ActionRunner
+    input_codec: ValueCodec
+    output_codec: ValueCodec | None
+
+
+class DurableHost:
+    """The durable machinery of one :class:`~agents_stream.App` on one Kafka cluster.
+
+    Args:
+        app: agents, topics, codecs and policies.
+        bootstrap: bootstrap servers of the journal, outputs and dead letters.
+        data_dir: root of the RocksDB caches (``<data_dir>/action-state/p<N>``).
+        worker_id: recorded in every CallResult.
+        executor: thread pool of code blocks of sync actions and ``execute_async`` of
+            plain functions.
+        store: bring your own store (Spark backfill's in-memory snapshot, tests); no
+            Kafka store is built then.
+        sinks: bring your own sink per output topic (tests, Faust test contexts).
+        produce: build the producer, output sinks and dead letters; False for hosts that
+            collect outputs themselves (Spark backfill).
+        on_timers: called with timers registered by actions, once durable.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        bootstrap: str,
+        data_dir: str | Path,
+        worker_id: str,
+        executor: Executor | None = None,
+        store: ActionStateStore | None = None,
+        sinks: Mapping[str, OutputSink] | None = None,
+        produce: bool = True,
+        on_timers: TimersHook | None = None,
+    ) -> None:
+        self.app = app
+        self.bootstrap = bootstrap
+        self.data_dir = Path(data_dir)
+        own_sinks = dict(sinks or {})
+        self.producer: AckingProducer | None = None
+        if produce or store is None:
+            self.producer = AckingProducer(producer_config(bootstrap, app.producer_config))
+        self.dlq = DeadLetters(self.producer, app.id) if produce and self.producer else None
+        self.context = ContextConfig(
+            app_id=app.id,
+            worker_id=worker_id,
+            codec=app.payload_codec,
+            strict=app.strict_determinism,
+            executor=executor,
+        )
+        if store is None and self.producer is not None:
+            store = KafkaActionStateStore(
+                topic=app.action_state_topic,
+                producer=self.producer,
+                codec=default_journal_codec(app.schema_registry_url, app.action_state_topic),
+                data_dir=self.data_dir / "action-state",
+                bootstrap=bootstrap,
+            )
+        assert store is not None
+        # Entries journaled before v5 carry no input topic; they belong to the app's first
+        # input (an upgraded app had exactly one journal identity space).
+        store.legacy_topics = frozenset(app.input_topics[:1])
+        self.store: ActionStateStore = store
+        self.bindings: dict[str, Binding] = {}
+        for spec in app.agents:
+            out_codec = self._codec(spec.output_schema, spec.output) if spec.output else None
+            sink = own_sinks.get(spec.output) if spec.output else None
+            if sink is None and produce and out_codec is not None and self.producer:
+                sink = KafkaOutputSink(self.producer, spec.output, out_codec)  # type: ignore[arg-type]
+            runner = ActionRunner(
+                spec.agent, store, self.context, sink, on_timers=on_timers, topic=spec.input
+            )
+            self.bindings[spec.input] = Binding(
+                spec, runner, self._codec(spec.input_schema, spec.input), out_codec
+            )
+
+    def _codec(self, schema: Any, topic: str) -> ValueCodec:
+        return value_codec(
+            schema, registry_url=self.app.schema_registry_url, subject=f"{topic}-value"
+        )
+
+    # -- partitions ---------------------------------------------------------------------
+    @property
+    def kafka_store(self) -> KafkaActionStateStore | None:
+        return self.store if isinstance(self.store, KafkaActionStateStore) else None
+
+    def open_partitions(self, partitions: Iterable[int]) -> int:
+        """Catch the caches of ``partitions`` up with the ActionState topic in one pass;
+        returns the journal records replayed. Blocking: call it off the event loop."""
+        wanted = sorted(set(partitions))
+        if self.kafka_store is not None and wanted:
+            return self.kafka_store.assign(*wanted)
+        return 0
+
+    def close_partitions(self, partitions: Iterable[int]) -> None:
+        """Release the caches of revoked partitions."""
+        if self.kafka_store is not None:
+            for partition in set(partitions):
+                self.kafka_store.revoke(partition)
+
+    def progress(self, topic: str, partition: int) -> InputProgress | None:
+        """The completed-through marker of input ``topic``/``partition``, if written."""
+        return self.store.progress(topic, partition)
+
+    # -- shutdown -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush the producer (every pending journal record, output, dead letter) and
+        release the caches."""
+        if self.producer is not None:
+            self.producer.close()
+        self.store.close()
