@@ -43,19 +43,16 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import Agent
-from ..app import normalize_broker
+from ..app import App, normalize_broker
 from ..durable.context import ContextConfig
 from ..durable.journal import InputProgress, TimerEntry
 from ..durable.payload import JSON, PayloadCodec
-from ..durable.runner import ActionRunner, OutputSink
+from ..durable.runner import OutputSink
 from ..errors import ConfigurationError
+from ..host.kit import DurableHost
 from ..kafka.admin import TopicAdmin, TopicSpec, compacted
-from ..kafka.config import configure, producer_config
+from ..kafka.config import configure
 from ..kafka.producer import AckingProducer
-from ..runtime.dlq import DeadLetters
-from ..runtime.sink import KafkaOutputSink
-from ..serde.journal import default_journal_codec
-from ..serde.values import value_codec
 from ..state.base import ActionStateStore
 from ..state.kafka import KafkaActionStateStore
 from .records import FaustEvent, FaustRecordHandler, OnError, record_key
@@ -169,6 +166,7 @@ class DurableAgent:
         self.store: ActionStateStore | None = store
         self._sink = sink
         self.producer: AckingProducer | None = None
+        self.kit: DurableHost | None = None
         self.handler: FaustRecordHandler | None = None
         self._owned: set[int] = set()
         self._finished: dict[int, list[tuple[int, str]]] = defaultdict(list)
@@ -235,38 +233,36 @@ class DurableAgent:
         return self.handler
 
     def _build(self) -> FaustRecordHandler:
-        dead_letters = None
-        if self.store is None or (self.output and self._sink is None):
+        produce = self.store is None or bool(self.output and self._sink is None)
+        if produce:
             self._ensure_topics()
-            self.producer = AckingProducer(
-                producer_config(self.bootstrap, self._producer_overrides)
-            )
-            dead_letters = DeadLetters(self.producer, self.app_id)
-        if self.store is None:
-            assert self.producer is not None
-            self.store = KafkaActionStateStore(
-                topic=self.action_state_topic,
-                producer=self.producer,
-                codec=default_journal_codec(self.schema_registry_url, self.action_state_topic),
-                data_dir=self.data_dir / "action-state",
-                bootstrap=self.bootstrap,
-            )
-        sink = self._sink
-        if sink is None and self.output:
-            assert self.producer is not None
-            codec = value_codec(
-                self.output_schema,
-                registry_url=self.schema_registry_url,
-                subject=f"{self.output}-value",
-            )
-            sink = KafkaOutputSink(self.producer, self.output, codec)
-        self.store.legacy_topics = frozenset([self.input])
-        runner = ActionRunner(
-            self.agent, self.store, self._context, sink, on_timers=self._on_timers, topic=self.input
+        app = App(
+            self.app_id,
+            schema_registry_url=self.schema_registry_url,
+            payload_codec=self._context.codec,
+            strict_determinism=self._context.strict,
+            producer_config=self._producer_overrides,
+            prune_completed=self.prune_completed,
         )
+        app.agent(self.agent, input=self.input, output=self.output, output_schema=self.output_schema)
+        # The host kit builds producer, store, sink and dead letters as for the worker;
+        # a store/sink given here (Faust test contexts) is used instead.
+        self.kit = DurableHost(
+            app,
+            bootstrap=self.bootstrap if produce else "",
+            data_dir=self.data_dir,
+            worker_id=self.worker_id,
+            executor=self._pool,
+            store=self.store,
+            sinks={self.input: self._sink} if self._sink else None,
+            produce=produce,
+            on_timers=self._on_timers,
+        )
+        self.producer = self.kit.producer
+        self.store = self.kit.store
         return FaustRecordHandler(
-            runner,
-            dead_letters=dead_letters,
+            self.kit.bindings[self.input].runner,
+            dead_letters=self.kit.dlq,
             on_error=self.on_error,
             crash=self.faust_app.crash,
             owns=self._owned.__contains__,

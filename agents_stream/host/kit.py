@@ -69,7 +69,8 @@ class DurableHost:
             plain functions.
         store: bring your own store (Spark backfill's in-memory snapshot, tests); no
             Kafka store is built then.
-        sinks: bring your own sink per output topic (tests, Faust test contexts).
+        sinks: bring your own output sink per agent input topic (tests, Faust test
+            contexts); it receives the binding's outputs even without an output topic.
         produce: build the producer, output sinks and dead letters; False for hosts that
             collect outputs themselves (Spark backfill).
         on_timers: called with timers registered by actions, once durable.
@@ -119,7 +120,7 @@ class DurableHost:
         self.bindings: dict[str, Binding] = {}
         for spec in app.agents:
             out_codec = self._codec(spec.output_schema, spec.output) if spec.output else None
-            sink = own_sinks.get(spec.output) if spec.output else None
+            sink = own_sinks.get(spec.input)
             if sink is None and produce and out_codec is not None and self.producer:
                 sink = KafkaOutputSink(self.producer, spec.output, out_codec)  # type: ignore[arg-type]
             runner = ActionRunner(
