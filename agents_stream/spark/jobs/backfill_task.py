@@ -25,17 +25,17 @@ import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...app import AgentBinding, App
-from ...durable.context import ContextConfig
 from ...durable.errors import FATAL_ERRORS
 from ...durable.journal import JournalEntry
 from ...durable.runner import ActionRunner, RecordInput
 from ...errors import KafkaIOError
+from ...host.kit import DurableHost
 from ...serde.journal import default_journal_codec
-from ...serde.values import value_codec
+from ...serde.values import JsonValueCodec
 from ...state.keys import encode_identity
 from ...state.memory import InMemoryActionStateStore
 
@@ -97,23 +97,30 @@ def run_partition(
     entries: list[JournalEntry] = [codec.decode(k, v) for k, v in state]
     store = InMemoryActionStateStore(entries)
     binding = task.agent_binding
-    registry = task.app.schema_registry_url
-    in_codec = value_codec(
-        binding.input_schema, registry_url=registry, subject=f"{binding.input}-value"
-    )
-    out_codec = value_codec(
-        binding.output_schema, registry_url=registry, subject=f"{binding.output}-value"
+    # The task's binding alone, under the id its call ids and journal derive from.
+    app = replace(task.app, id=task.app_id)
+    app.agent(
+        binding.agent,
+        input=binding.input,
+        output=binding.output,
+        input_schema=binding.input_schema,
+        output_schema=binding.output_schema,
     )
     with ThreadPoolExecutor(4, thread_name_prefix="backfill") as pool:
-        config = ContextConfig(
-            app_id=task.app_id,
+        kit = DurableHost(
+            app,
+            bootstrap=task.bootstrap,
+            data_dir="",
             worker_id=f"spark-backfill-p{partition}",
-            codec=task.app.payload_codec,
-            strict=task.app.strict_determinism,
             executor=pool,
+            store=store,
+            produce=False,  # outputs come back as rows; the driver writes them
         )
-        runner = ActionRunner(binding.agent, store, config, topic=binding.input)
+        # Pre-v5 entries belong to the whole app's first input, not this binding's.
         store.legacy_topics = frozenset(task.app.input_topics[:1])
+        bound = kit.bindings[binding.input]
+        runner, in_codec = bound.runner, bound.input_codec
+        out_codec = bound.output_codec or JsonValueCodec()
         below = 0 if task.rerun_completed else completed_through(task, store, partition)
         todo = [r for r in records if r.offset >= below]
         rows = [_completed_row(r) for r in records if r.offset < below]
