@@ -27,9 +27,9 @@ from ..durable.journal import (
     Truncation,
     action_ordinal,
 )
+from ..durable.keys import decode_identity
 from ..errors import AgentsStreamError, ConfigurationError, KafkaIOError
 from ..serde.journal import JournalCodec, default_journal_codec
-from ..state.keys import decode_identity
 from .common import add_app_args, configure_clients, load_app, setup_logging
 
 _SHORT = 60

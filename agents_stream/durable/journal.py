@@ -54,7 +54,7 @@ class ActionRef:
     seq: int
     action: str
     partition: int = 0
-    topic: str = ""  # input topic; "" only for entries written before v5 (see state.keys)
+    topic: str = ""  # input topic; "" only for entries written before v5 (see durable.keys)
 
     def call_id(self, app_id: str, index: int) -> str:
         """Stable idempotency key of call ``index`` (same after any number of replays).

@@ -3,7 +3,7 @@
 This is the seam the Kafka store calls. Every entry kind is one branch of the
 ``ActionState`` record type (``schemas/ActionState/vN.avsc``); values are Avro in
 single-object framing by default, or the Confluent wire format with a registry. Record
-keys are not encoded here (see :func:`agents_stream.state.keys.entry_key_bytes`); the key
+keys are not encoded here (see :func:`agents_stream.durable.keys.entry_key_bytes`); the key
 is only parsed to say *which* slot a broken value belongs to.
 
 Reading is version-tolerant: a value written by any released schema version decodes to
@@ -32,8 +32,8 @@ from ..durable.journal import (
     TimerUpdate,
     Truncation,
 )
+from ..durable.keys import decode_identity, identity_fields
 from ..errors import ConfigurationError
-from ..state.keys import decode_identity, identity_fields
 from .avro import AvroSerde
 from .errors import SerdeError, ValueDecodeError
 from .registry import RegistryBinding

@@ -2,7 +2,7 @@
 
 Used by ``spark reconcile`` (terminal CallResults for PENDING slots) and by ``spark
 backfill --write-journal``. Records are written exactly as the worker's store writes them:
-Kafka key :func:`~agents_stream.state.keys.entry_key_bytes`, value from the journal codec
+Kafka key :func:`~agents_stream.durable.keys.entry_key_bytes`, value from the journal codec
 (``None`` for a tombstone), to an explicit partition (the ActionState partition equals
 the input partition, so the caller names it; the key's hash is *not* used).
 
@@ -18,11 +18,11 @@ from concurrent.futures import Future, wait
 from types import TracebackType
 
 from ..durable.journal import JournalEntry
+from ..durable.keys import entry_key_bytes
 from ..errors import KafkaIOError
 from ..kafka.config import producer_config
 from ..kafka.producer import AckingProducer
 from ..serde.journal import JournalCodec, default_journal_codec
-from ..state.keys import entry_key_bytes
 
 
 class ActionStateWriter:

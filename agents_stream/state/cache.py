@@ -1,6 +1,6 @@
 """PartitionCache: the RocksDB view of one ActionState partition.
 
-Keys are ActionState record keys (:mod:`agents_stream.state.keys`); values the raw
+Keys are ActionState record keys (:mod:`agents_stream.durable.keys`); values the raw
 record values; one write batch per applied batch of records. The cache remembers the
 next topic offset it reflects (its checkpoint), so that a rebuild replays only the tail.
 """

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
+from ..durable import keys
 from ..durable.journal import (
     ActionDone,
     ActionRef,
@@ -29,7 +30,6 @@ from ..durable.journal import (
 from ..durable.store import ActionStateStore, all_of
 from ..kafka.producer import Ack, AckingProducer
 from ..serde.journal import JournalCodec
-from . import keys
 from .cache import PartitionCache
 from .recovery import rebuild_partitions
 

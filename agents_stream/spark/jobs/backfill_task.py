@@ -31,12 +31,12 @@ from typing import Any
 from ...app import AgentBinding, App
 from ...durable.errors import FATAL_ERRORS
 from ...durable.journal import JournalEntry
+from ...durable.keys import encode_identity
 from ...durable.runner import ActionRunner, RecordInput
 from ...errors import KafkaIOError
 from ...host.kit import DurableHost
 from ...serde.journal import default_journal_codec
 from ...serde.values import JsonValueCodec
-from ...state.keys import encode_identity
 from ...state.memory import InMemoryActionStateStore
 
 log = logging.getLogger("agents_stream.spark.backfill")

@@ -1,0 +1,102 @@
+"""Keys of ActionState records: the Kafka record key, also the RocksDB cache key.
+
+Fields are joined with the ASCII unit separator so that all slots of one action (and all
+actions of one input record) share a byte prefix the cache can scan. Compaction keeps one
+value per key: a slot finalized in place (PENDING -> SUCCEEDED) simply overwrites.
+
+Layouts of the per-record entries (``c`` call, ``a`` done, ``t`` truncation):
+
+* v5: ``kind key seq topic action [index]``: the input topic is part of the identity,
+  so records of two topics at the same partition/offset never share a slot;
+* legacy (written before v5): ``kind key seq action [index]``. Action ids always
+  contain ``#`` and topic names never do, which tells the two apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .journal import (
+    ActionRef,
+    JournalEntry,
+    TimerEntry,
+    Tombstone,
+    entry_key,
+    progress_identity,
+    ref_identity,
+)
+
+SEP = "\x1f"
+RECORD_KINDS = ("c", "a", "t")
+
+
+def encode_identity(identity: tuple[object, ...]) -> bytes:
+    return SEP.join(str(part) for part in identity).encode()
+
+
+def entry_key_bytes(entry: JournalEntry | Tombstone) -> bytes:
+    return encode_identity(entry_key(entry))
+
+
+def call_key(ref: ActionRef, index: int) -> bytes:
+    return encode_identity(ref_identity("c", ref, index))
+
+
+def calls_prefix(ref: ActionRef) -> bytes:
+    return encode_identity(ref_identity("c", ref)) + SEP.encode()
+
+
+def done_key(ref: ActionRef) -> bytes:
+    return encode_identity(ref_identity("a", ref))
+
+
+def memory_key(key: str) -> bytes:
+    return encode_identity(("m", key))
+
+
+def timer_key(timer: TimerEntry) -> bytes:
+    return entry_key_bytes(timer)
+
+
+def progress_key(topic: str, partition: int) -> bytes:
+    return encode_identity(progress_identity(topic, partition))
+
+
+TIMERS_PREFIX = ("r" + SEP).encode()  # every TimerEntry of a partition
+
+
+def legacy_ref(ref: ActionRef) -> ActionRef:
+    """``ref`` as it was keyed before v5 (no topic)."""
+    return replace(ref, topic="")
+
+
+def record_prefixes(key: str, seq: int, topic: str = "") -> list[bytes]:
+    """Prefixes covering every entry of one input record of ``topic`` (for pruning).
+
+    Without a topic they cover the record's entries of *every* layout and topic: keep
+    only the legacy ones with :func:`is_legacy`.
+    """
+    tail = SEP + key + SEP + str(seq) + SEP + (topic + SEP if topic else "")
+    return [(kind + tail).encode() for kind in RECORD_KINDS]
+
+
+def decode_identity(raw: bytes) -> list[str]:
+    return raw.decode().split(SEP)
+
+
+def is_legacy(parts: list[str]) -> bool:
+    """Whether decoded per-record identity ``parts`` use the pre-v5 layout."""
+    return len(parts) > 3 and "#" in parts[3]
+
+
+def identity_fields(parts: list[str]) -> dict[str, str]:
+    """Named fields (key, seq, topic, action, index) of a decoded per-record identity;
+    ``topic`` is ``""`` for the legacy layout."""
+    if len(parts) < 2 or parts[0] not in RECORD_KINDS:
+        return {"key": parts[1]} if len(parts) >= 2 else {}
+    names = ("kind", "key", "seq", "action", "index")
+    if len(parts) > 3 and not is_legacy(parts):
+        names = ("kind", "key", "seq", "topic", "action", "index")
+    out = dict(zip(names, parts, strict=False))
+    out.setdefault("topic", "")
+    return out
