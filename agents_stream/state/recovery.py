@@ -12,6 +12,10 @@ moves forward. Steps, for one partition:
    move the checkpoint with each batch. Every value's framing and writer schema are
    checked, so a foreign or garbage journal record fails the assignment at once, naming
    its slot; a damaged Avro body fails when that slot is read.
+
+Progress (records done / total, rate, ETA) is reported per batch through
+:class:`agents_stream.progress.Progress`; the total is the high watermarks learned from the
+first fetches minus the checkpoints.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from ..errors import KafkaIOError
 from ..kafka.config import reader_config
+from ..progress import Progress
 
 if TYPE_CHECKING:
     from ..serde.journal import JournalCodec
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("agents_stream.state")
 
 BATCH = 5000
+PROGRESS_INTERVAL = 5.0  # seconds between progress log lines (off a terminal)
 
 
 def rebuild_partition(
@@ -65,6 +71,12 @@ def rebuild_partitions(
     scratch: set[int] = set()
     consumer = Consumer(reader_config(bootstrap))
     deadline = time.monotonic() + timeout
+    progress = Progress(
+        f"rebuild of {topic}[{','.join(map(str, sorted(caches)))}]",
+        interval=PROGRESS_INTERVAL,
+        logger=log,
+    )
+    remaining: dict[int, int] = {}  # partition -> records to replay, once its watermark is known
     try:
         consumer.assign(
             [TopicPartition(topic, p, starts[p] or OFFSET_BEGINNING) for p in sorted(caches)]
@@ -107,6 +119,9 @@ def rebuild_partitions(
                 if p in open_parts:
                     caches[p].apply(records, next_offsets[p])
                     replayed[p] += len(records)
+                    progress.advance(len(records))
+            if len(remaining) < len(caches):
+                _learn_totals(consumer, topic, starts, remaining, progress)
             for p in at_end:
                 if p not in open_parts:
                     continue
@@ -115,10 +130,29 @@ def rebuild_partitions(
                 if starts[p] > high:
                     scratch.add(p)
     finally:
+        progress.close()
         consumer.close()
     for p in sorted(scratch):
         replayed[p] = _restart_from_scratch(bootstrap, topic, p, caches[p], codec)
     return replayed
+
+
+def _learn_totals(
+    consumer: Consumer,
+    topic: str,
+    starts: dict[int, int],
+    remaining: dict[int, int],
+    progress: Progress,
+) -> None:
+    """Record each partition's work (high watermark from the fetches - checkpoint) once
+    known; sets the progress total when every partition's is."""
+    for p, start in starts.items():
+        if p not in remaining:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+            if high >= 0:
+                remaining[p] = max(high - max(start, low), 0)
+    if len(remaining) == len(starts):
+        progress.set_total(sum(remaining.values()))
 
 
 def _restart_from_scratch(
