@@ -1,4 +1,4 @@
-"""``agents-stream state show|stats``: inspect the ActionState topic of an app.
+"""``agents-stream state show|stats|tombstone``: inspect (and repair) the ActionState topic.
 
 Reads ``<app id>-action-state`` from the beginning with a throwaway consumer (no group
 offsets are committed), keeping the latest value per record key the way compaction
@@ -47,6 +47,9 @@ def register(subparsers: Any) -> None:
     add_app_args(stats)
     _add_read_args(stats)
     stats.set_defaults(func=run_stats)
+    from .state_tombstone import register_tombstone
+
+    register_tombstone(sub)
 
 
 def _add_read_args(parser: argparse.ArgumentParser) -> None:
@@ -114,9 +117,15 @@ def decode_all(codec: JournalCodec, values: dict[bytes, bytes]) -> list[JournalE
 
 
 def read_latest(
-    bootstrap: str, topic: str, *, timeout: float = 30.0, wanted: Any = None
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout: float = 30.0,
+    wanted: Any = None,
+    where: dict[bytes, int] | None = None,
 ) -> dict[bytes, bytes]:
-    """The live value of every key of ``topic`` (tombstoned keys removed).
+    """The live value of every key of ``topic`` (tombstoned keys removed); ``where``, if
+    given, is filled with the partition each live key was read from.
 
     Steps: assign every partition at the beginning; poll; a partition is done when the
     consumer reports EOF at the fetch high watermark; stop when all are done.
@@ -170,6 +179,8 @@ def read_latest(
                 live.pop(key, None)
             else:
                 live[key] = value
+                if where is not None:
+                    where[key] = msg.partition()
         return live
     finally:
         consumer.close()

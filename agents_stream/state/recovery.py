@@ -10,8 +10,11 @@ moves forward. Steps, for one partition:
    lost its data): the cache is wiped and rebuilt from the beginning.
 3. Apply records in write batches (tombstone -> delete) until the high watermark, and
    move the checkpoint with each batch. Every value's framing and writer schema are
-   checked, so a foreign or garbage journal record fails the assignment at once, naming
-   its slot; a damaged Avro body fails when that slot is read.
+   checked: a foreign or garbage journal record fails the assignment when the partition
+   is caught up, naming its slot, unless a later record of the same key (a tombstone from
+   ``agents-stream state tombstone``, or a rewrite) superseded it. While one is
+   unresolved the checkpoint stays at its offset, so a retry meets it again. A damaged
+   Avro body fails when that slot is read.
 
 Progress (records done / total, rate, ETA) is reported per batch through
 :class:`agents_stream.progress.Progress`; the total is the high watermarks learned from the
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from ..durable.errors import JournalDecodeError
 from ..errors import KafkaIOError
 from ..kafka.config import reader_config
 from ..progress import Progress
@@ -77,6 +81,8 @@ def rebuild_partitions(
         logger=log,
     )
     remaining: dict[int, int] = {}  # partition -> records to replay, once its watermark is known
+    # Per partition: unreadable values not (yet) superseded, by key -> (offset, error).
+    bad: dict[int, dict[bytes, tuple[int, JournalDecodeError]]] = {p: {} for p in caches}
     try:
         consumer.assign(
             [TopicPartition(topic, p, starts[p] or OFFSET_BEGINNING) for p in sorted(caches)]
@@ -111,13 +117,23 @@ def rebuild_partitions(
                     continue
                 key = msg.key() or b""
                 value = msg.value()
+                unresolved = bad[p]
                 if value is not None:
-                    codec.check(key, value)  # unknown schema or garbage: fail fast, naming the slot
+                    try:
+                        codec.check(key, value)  # unknown schema or garbage: names the slot
+                    except JournalDecodeError as exc:
+                        unresolved[key] = (msg.offset(), exc)
+                    else:
+                        if unresolved:
+                            unresolved.pop(key, None)
+                elif unresolved:
+                    unresolved.pop(key, None)
                 batches.setdefault(p, []).append((key, value))
                 next_offsets[p] = msg.offset() + 1
             for p, records in batches.items():
                 if p in open_parts:
-                    caches[p].apply(records, next_offsets[p])
+                    hold = min((offset for offset, _ in bad[p].values()), default=None)
+                    caches[p].apply(records, next_offsets[p] if hold is None else hold)
                     replayed[p] += len(records)
                     progress.advance(len(records))
             if len(remaining) < len(caches):
@@ -126,6 +142,8 @@ def rebuild_partitions(
                 if p not in open_parts:
                     continue
                 open_parts.discard(p)
+                if bad[p]:
+                    raise min(bad[p].values(), key=lambda found: found[0])[1]
                 _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
                 if starts[p] > high:
                     scratch.add(p)
