@@ -39,6 +39,7 @@ class AgentBinding:
     output: str | None
     input_schema: Any = None
     output_schema: Any = None
+    tombstones: Literal["skip", "deliver"] = "skip"
 
     @property
     def name(self) -> str:
@@ -164,15 +165,21 @@ class App:
         output: str | None = None,
         input_schema: str | Path | dict[str, Any] | None = None,
         output_schema: str | Path | dict[str, Any] | None = None,
+        tombstones: Literal["skip", "deliver"] = "skip",
     ) -> AgentBinding:
         """Run ``agent``'s actions for every record of ``input``; outputs go to ``output``.
 
         One agent per input topic: the ActionState topic is co-partitioned with it.
+        ``tombstones``: a record with a null value is skipped and committed (counted as
+        ``tombstones_skipped``) by default; ``"deliver"`` runs the actions with
+        ``InputEvent(input=None)``.
         """
         agent.actions()  # validate early, at import time of the user's module
         if any(b.input == input for b in self.agents):
             raise ConfigurationError(f"topic {input!r} already has an agent")
-        binding = AgentBinding(agent, input, output, input_schema, output_schema)
+        if tombstones not in ("skip", "deliver"):
+            raise ConfigurationError(f"tombstones must be 'skip' or 'deliver', not {tombstones!r}")
+        binding = AgentBinding(agent, input, output, input_schema, output_schema, tombstones)
         self.agents.append(binding)
         return binding
 

@@ -13,6 +13,20 @@ class CodeBlockViolation(DurableError):
     """Memory or events were touched inside a code block, where they cannot be journaled."""
 
 
+class KeylessRecordError(DurableError):
+    """An action of a record without a key touched short-term memory (memory is per key).
+
+    Keyless records are independent of each other: no shared order, no shared memory.
+    """
+
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self.topic, self.partition, self.offset = topic, partition, offset
+        super().__init__(
+            f"record {topic}[{partition}]@{offset} has no key: short-term memory is per key; "
+            "key your records or keep state elsewhere"
+        )
+
+
 class DurableCallError(DurableError):
     """A journaled exception whose original type cannot be rebuilt here.
 

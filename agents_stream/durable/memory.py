@@ -48,6 +48,23 @@ class ShortTermMemory:
         return dict(self._updates)
 
 
+class KeylessMemory(ShortTermMemory):
+    """The memory of a keyless record: every use raises :class:`KeylessRecordError`."""
+
+    def __init__(self, error: Callable[[], Exception], guard: Callable[[str], None]) -> None:
+        super().__init__({}, guard)
+        self._error = error
+
+    def get(self, name: str, default: Any = None) -> Any:
+        raise self._error()
+
+    def set(self, name: str, value: Any) -> None:
+        raise self._error()
+
+    def delete(self, name: str) -> None:
+        raise self._error()
+
+
 def apply_updates(base: dict[str, bytes], updates: dict[str, bytes | None]) -> dict[str, bytes]:
     merged = dict(base)
     for name, value in updates.items():

@@ -44,6 +44,7 @@ from ..events import Event, EventError, InputEvent, TimerEvent
 from .acks import acked
 from .bridge import run_bridged
 from .context import ContextConfig, RunnerContext
+from .errors import KeylessRecordError
 from .journal import (
     ActionDone,
     ActionRef,
@@ -55,7 +56,7 @@ from .journal import (
     Tombstone,
     entry_key,
 )
-from .memory import apply_updates
+from .memory import KeylessMemory, apply_updates
 from .store import ActionStateStore, all_of
 
 
@@ -80,6 +81,8 @@ class RecordInput:
     partition: int = 0
     timestamp: int | None = None
     headers: dict[str, bytes] = field(default_factory=dict)
+    # No record key (``key`` is ""): independent of other keyless records, no memory.
+    keyless: bool = False
 
 
 @dataclass
@@ -141,7 +144,15 @@ class ActionRunner:
             headers=record.headers,
         )
         await self._process(
-            record.key, record.seq, record.partition, first, "", None, outcome, self.topic
+            record.key,
+            record.seq,
+            record.partition,
+            first,
+            "",
+            None,
+            outcome,
+            self.topic,
+            keyless=record.keyless,
         )
         return outcome
 
@@ -174,6 +185,8 @@ class ActionRunner:
         firing: tuple[str, int] | None,
         outcome: RecordOutcome,
         topic: str = "",
+        *,
+        keyless: bool = False,
     ) -> None:
         queue: deque[Event] = deque([first])
         ordinal = 0
@@ -186,7 +199,9 @@ class ActionRunner:
                 done = self.store.done(ref)
                 outputs: list[Any] | None = None
                 if done is None:
-                    done, outputs = await self._run_action(spec, event, ref, outcome, firing)
+                    done, outputs = await self._run_action(
+                        spec, event, ref, outcome, firing, keyless=keyless
+                    )
                 else:
                     outcome.actions_skipped += 1
                     await self._apply_effects_once(done)
@@ -200,11 +215,22 @@ class ActionRunner:
         ref: ActionRef,
         outcome: RecordOutcome,
         firing: tuple[str, int] | None,
+        *,
+        keyless: bool = False,
     ) -> tuple[ActionDone, list[Any]]:
-        """Run one action; returns its completion record (acked) and its output values."""
-        snapshot = self.store.memory(ref.key, ref.partition)
+        """Run one action; returns its completion record (acked) and its output values.
+
+        A keyless record has no memory: its ``ctx.short_term_memory`` raises
+        :class:`KeylessRecordError` (all keyless records share the key ``""``).
+        """
+        snapshot = None if keyless else self.store.memory(ref.key, ref.partition)
         base = dict(snapshot.values) if snapshot else {}
         ctx = RunnerContext(ref, self.store, self.config, base, firing=firing)
+        if keyless:
+            topic = ref.topic or self.topic
+            ctx.short_term_memory = KeylessMemory(
+                lambda: KeylessRecordError(topic, ref.partition, ref.seq), ctx._guard
+            )
         if spec.is_async:
             await spec.fn(event, ctx)
         else:

@@ -66,8 +66,12 @@ class AgentHost:
     async def handle(self, msg: Message, key: str) -> None:
         self.counts["in"] += 1
         fields = record_fields(msg.topic(), msg.partition(), msg.offset(), key)
+        raw = msg.value()
+        if raw is None and self.binding.tombstones == "skip":
+            self._stats["tombstones_skipped"] += 1
+            return  # finished: committed like any other record
         try:
-            value = self._codec.decode(msg.value())
+            value = None if raw is None else self._codec.decode(raw)
         except Exception as exc:
             log.warning(
                 "undecodable record %s[%d]@%d (key %r) -> %s-dlq: %s",
@@ -88,6 +92,7 @@ class AgentHost:
             partition=msg.partition(),
             timestamp=msg.timestamp()[1],
             headers=headers,
+            keyless=msg.key() is None,
         )
         outcome = await self._guarded(
             self.runner.run(record),

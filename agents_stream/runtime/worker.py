@@ -382,8 +382,10 @@ class Worker:
 
         if topic in self._agents:
             # All agents of an app share memory per key, so they also share key order.
+            # Keyless records share neither: each is its own "key" (InputEvent.key == "").
+            order_key = key if raw_key is not None else ("", topic, partition, offset)
             work = partial(self._agents[topic].handle, msg, key)
-            self.controller.submit(key, (topic, partition), work, done)
+            self.controller.submit(order_key, (topic, partition), work, done)
             ts_type, ts = msg.timestamp()
             if ts_type != TIMESTAMP_NOT_AVAILABLE:
                 watermark = self._watermarks[topic].on_record(partition, ts)
