@@ -150,3 +150,17 @@ def test_compose_services_named_in_readme_exist():
     for ln in _lines("bash"):
         if ln.startswith("docker compose") and " run " in ln:
             assert ln.split(" run ", 1)[1].split()[1] in services, ln
+
+
+def test_dockerfile_layers_user_and_healthcheck():
+    """Docker cannot run here: the Dockerfile's promises are checked as text."""
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    worker = text.split("AS spark", 1)[0]
+    deps = worker.index("COPY pyproject.toml /app/")
+    assert deps < worker.index("pip install -r /tmp/requirements.txt") < worker.index("COPY . /app")
+    assert worker.index("COPY . /app") < worker.index("pip install --no-deps .")
+    assert "USER agents" in worker
+    assert "127.0.0.1:9400/healthz" in worker.split("HEALTHCHECK", 1)[1]
+    cmd = re.search(r"^CMD (\[.*\])$", worker, re.M)
+    assert cmd and '"--metrics-port", "9400"' in cmd.group(1)
+    assert "AGENTS_STREAM_SCHEMAS_DIR" not in text  # the wheel carries the schemas
