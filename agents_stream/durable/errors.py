@@ -14,7 +14,7 @@ class CodeBlockViolation(DurableError):
 
 
 class KeylessRecordError(DurableError):
-    """An action of a record without a key touched short-term memory (memory is per key).
+    """An action of a record without a key touched short-term memory or timers (per key).
 
     Keyless records are independent of each other: no shared order, no shared memory.
     """

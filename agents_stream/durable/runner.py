@@ -58,6 +58,7 @@ from .journal import (
 )
 from .memory import KeylessMemory, apply_updates
 from .store import ActionStateStore, all_of
+from .timers import Timers
 
 
 class OutputSink(Protocol):
@@ -96,6 +97,13 @@ class RecordOutcome:
 
 
 TimersHook = Callable[[list[TimerEntry]], None]
+
+
+def _raiser(error: Callable[[], Exception]) -> Callable[[str], None]:
+    def guard(what: str) -> None:
+        raise error()
+
+    return guard
 
 
 class ActionRunner:
@@ -220,17 +228,18 @@ class ActionRunner:
     ) -> tuple[ActionDone, list[Any]]:
         """Run one action; returns its completion record (acked) and its output values.
 
-        A keyless record has no memory: its ``ctx.short_term_memory`` raises
-        :class:`KeylessRecordError` (all keyless records share the key ``""``).
+        A keyless record has no memory and no timers: ``ctx.short_term_memory`` and
+        ``ctx.timers`` raise :class:`KeylessRecordError` (all keyless records share the
+        key ``""``).
         """
         snapshot = None if keyless else self.store.memory(ref.key, ref.partition)
         base = dict(snapshot.values) if snapshot else {}
         ctx = RunnerContext(ref, self.store, self.config, base, firing=firing)
-        if keyless:
+        if keyless:  # no memory and no timers: both are per key
             topic = ref.topic or self.topic
-            ctx.short_term_memory = KeylessMemory(
-                lambda: KeylessRecordError(topic, ref.partition, ref.seq), ctx._guard
-            )
+            error = lambda: KeylessRecordError(topic, ref.partition, ref.seq)  # noqa: E731
+            ctx.short_term_memory = KeylessMemory(error, ctx._guard)
+            ctx.timers = Timers(_raiser(error), firing)
         if spec.is_async:
             await spec.fn(event, ctx)
         else:
