@@ -244,7 +244,9 @@ class DurableAgent:
             producer_config=self._producer_overrides,
             prune_completed=self.prune_completed,
         )
-        app.agent(self.agent, input=self.input, output=self.output, output_schema=self.output_schema)
+        app.agent(
+            self.agent, input=self.input, output=self.output, output_schema=self.output_schema
+        )
         # The host kit builds producer, store, sink and dead letters as for the worker;
         # a store/sink given here (Faust test contexts) is used instead.
         self.kit = DurableHost(
@@ -389,7 +391,9 @@ class DurableAgent:
 
         def prune(fut: Future[None]) -> None:
             if fut.exception() is not None:
-                log.warning("completed-through marker not written (not pruning): %s", fut.exception())
+                log.warning(
+                    "completed-through marker not written (not pruning): %s", fut.exception()
+                )
                 return
             for offset, key in done:
                 store.prune(key, offset, partition, self.input)

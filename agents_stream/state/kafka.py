@@ -35,6 +35,7 @@ from .recovery import rebuild_partitions
 
 log = logging.getLogger("agents_stream.state")
 
+
 class KafkaActionStateStore(ActionStateStore):
     def __init__(
         self,

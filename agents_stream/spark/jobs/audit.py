@@ -164,7 +164,9 @@ def missing_inputs(
     )
     pending = (
         inputs.join(markers, ["topic", "partition"], "left")
-        .where(F.col("completed_through").isNull() | (F.col("offset") >= F.col("completed_through")))
+        .where(
+            F.col("completed_through").isNull() | (F.col("offset") >= F.col("completed_through"))
+        )
         .drop("completed_through")
     )
     joined = pending.join(
