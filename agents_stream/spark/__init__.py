@@ -1,6 +1,16 @@
-"""Spark batch jobs over agents_stream topics: a Kafka data source, a decoded ActionState
-reader, the audit / backfill / reconcile jobs (:mod:`agents_stream.spark.jobs`, also
-``agents-stream spark ...``) and session helpers.
+"""Spark over agents_stream topics, as three layers, each importing only the ones above:
+
+- :mod:`agents_stream.spark.source`: a generic Kafka batch data source for PySpark
+  (``agents_stream.kafka``), usable by any Spark job without an agents_stream app;
+- :mod:`agents_stream.spark.frames`: an app's ActionState topic as DataFrames (compaction
+  applied, any schema version decoded) and the journal writer;
+- :mod:`agents_stream.spark.jobs`: the audit / backfill / reconcile jobs (also
+  ``agents-stream spark ...``).
+
+:mod:`.session` builds a session with the source registered; the names below are
+re-exported from all three for convenience. The flat modules of earlier releases
+(``agents_stream.spark.kafka_source``, ``.options``, ``.offsets``, ``.record_reader``,
+``.action_state``, ``.journal_rows``, ``.state_writer``) still import, as aliases.
 
 Nothing here is imported by the streaming runtime, and importing this package does not
 import PySpark: names are resolved on first use, so ``agents_stream.spark.errors`` and
@@ -13,43 +23,43 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .action_state import action_states, compact, read_action_states, read_journal
     from .errors import KafkaSourceError, KafkaSourceOptionError, SparkUnavailableError
+    from .frames.action_state import action_states, compact, read_action_states, read_journal
+    from .frames.state_writer import ActionStateWriter
     from .jobs.audit import run_audit
     from .jobs.backfill import run_backfill
     from .jobs.reconcile import Ledger, run_reconcile
-    from .kafka_source import SOURCE_NAME, KafkaDataSource, read_kafka
-    from .offsets import OffsetRange, plan_offset_ranges, plan_ranges
-    from .options import KafkaSourceOptions, source_options
-    from .record_reader import read_range
     from .session import check_java, get_spark, register_data_sources
-    from .state_writer import ActionStateWriter
+    from .source.datasource import SOURCE_NAME, KafkaDataSource, read_kafka
+    from .source.offsets import OffsetRange, plan_offset_ranges, plan_ranges
+    from .source.options import KafkaSourceOptions, source_options
+    from .source.record_reader import read_range
 
 _EXPORTS = {
     "KafkaSourceError": "errors",
     "KafkaSourceOptionError": "errors",
     "SparkUnavailableError": "errors",
-    "SOURCE_NAME": "kafka_source",
-    "KafkaDataSource": "kafka_source",
-    "read_kafka": "kafka_source",
-    "source_options": "options",
-    "OffsetRange": "offsets",
-    "plan_offset_ranges": "offsets",
-    "plan_ranges": "offsets",
-    "KafkaSourceOptions": "options",
-    "read_range": "record_reader",
+    "SOURCE_NAME": "source.datasource",
+    "KafkaDataSource": "source.datasource",
+    "read_kafka": "source.datasource",
+    "source_options": "source.options",
+    "OffsetRange": "source.offsets",
+    "plan_offset_ranges": "source.offsets",
+    "plan_ranges": "source.offsets",
+    "KafkaSourceOptions": "source.options",
+    "read_range": "source.record_reader",
     "check_java": "session",
     "get_spark": "session",
     "register_data_sources": "session",
-    "action_states": "action_state",
-    "compact": "action_state",
-    "read_action_states": "action_state",
-    "read_journal": "action_state",
+    "action_states": "frames.action_state",
+    "compact": "frames.action_state",
+    "read_action_states": "frames.action_state",
+    "read_journal": "frames.action_state",
     "run_audit": "jobs.audit",
     "run_backfill": "jobs.backfill",
     "Ledger": "jobs.reconcile",
     "run_reconcile": "jobs.reconcile",
-    "ActionStateWriter": "state_writer",
+    "ActionStateWriter": "frames.state_writer",
 }
 
 __all__ = [

@@ -1,206 +1,23 @@
-"""Decoded ActionStates as Spark DataFrames, with Kafka compaction applied in Spark.
-
-Reading is three steps, each a plain DataFrame transformation:
-
-1. Read the ActionState topic with the ``agents_stream.kafka`` source (no consumer
-   group, nothing committed).
-2. :func:`compact`: keep the last record per ``(Kafka partition, Kafka key)`` by offset,
-   then drop keys whose last record is a tombstone: what log compaction converges to,
-   whether or not the broker has compacted yet.
-3. Decode the live values on executors (``mapInArrow``) into journal rows
-   (:mod:`agents_stream.spark.journal_rows`), from any schema version.
-
-:func:`read_journal` returns those flat rows (one per live record);
-:func:`read_action_states` groups them into one row per ActionState
-``(partition, key, seq, action)`` with its call slots nested, the completion record's
-facts, and truncation evidence. Memory snapshots are per key, not per action: they are
-in :func:`read_journal` only.
-"""
+"""Old import path of :mod:`agents_stream.spark.frames.action_state`, kept for existing imports."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
-
-from pyspark.sql import functions as F
-
-from ..app import App
-from .journal_rows import JOURNAL_DDL, decode_batches
-from .kafka_source import read_kafka
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
-
-    from .options import OffsetSpec
-
-__all__ = ["action_states", "compact", "decode_journal", "read_action_states", "read_journal"]
-
-CALL_FIELDS = (
-    "index",
-    "function_id",
-    "args_digest",
-    "status",
-    "result_json",
-    "result_size",
-    "exception_type",
-    "exception_message",
-    "call_id",
-    "started_ms",
-    "finished_ms",
-    "attempts",
-    "worker_id",
-)
-TRUNCATION_FIELDS = (
-    "index",
-    "expected_function_id",
-    "recorded_function_id",
-    "expected_args_digest",
-    "recorded_args_digest",
-    "dropped",
-    "at_ms",
+from .frames.action_state import (
+    CALL_FIELDS,
+    TRUNCATION_FIELDS,
+    action_states,
+    compact,
+    decode_journal,
+    read_action_states,
+    read_journal,
 )
 
-
-def _target(app_or_topic: App | str, registry_url: str | None) -> tuple[str, str | None]:
-    if isinstance(app_or_topic, App):
-        return app_or_topic.action_state_topic, registry_url or app_or_topic.schema_registry_url
-    return app_or_topic, registry_url
-
-
-def compact(raw: DataFrame) -> DataFrame:
-    """Last record per ``(partition, key)`` by offset; keys ending in a tombstone removed.
-
-    Args:
-        raw: Kafka source columns (at least key, value, partition, offset, timestamp).
-
-    Returns:
-        ``key, value, partition, offset, timestamp_ms`` of the live records.
-    """
-    last = raw.groupBy("partition", "key").agg(
-        F.max_by(F.struct("offset", "value", "timestamp"), "offset").alias("r")
-    )
-    return last.where(F.col("r.value").isNotNull()).select(
-        "key",
-        F.col("r.value").alias("value"),
-        "partition",
-        F.col("r.offset").alias("offset"),
-        F.unix_millis(F.col("r.timestamp")).alias("timestamp_ms"),
-    )
-
-
-def decode_journal(
-    live: DataFrame,
-    *,
-    registry_url: str | None = None,
-    topic: str | None = None,
-    include_raw: bool = False,
-) -> DataFrame:
-    """Decodes live ActionState records (output of :func:`compact`) into journal rows."""
-
-    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return decode_batches(
-            batches, registry_url=registry_url, topic=topic, include_raw=include_raw
-        )
-
-    return live.mapInArrow(decode, JOURNAL_DDL)
-
-
-def read_journal(
-    spark: SparkSession,
-    bootstrap: str,
-    app_or_topic: App | str,
-    *,
-    starting: str | OffsetSpec = "earliest",
-    ending: str | OffsetSpec = "latest",
-    registry_url: str | None = None,
-    include_raw: bool = False,
-    **options: Any,
-) -> DataFrame:
-    """Live, decoded ActionState records: one row per record left after compaction.
-
-    Args:
-        spark: a session with our sources registered (:func:`~agents_stream.spark.get_spark`).
-        bootstrap: the cluster's bootstrap servers.
-        app_or_topic: an :class:`~agents_stream.App` (its ``<id>-action-state`` topic and
-            schema registry) or a topic name.
-        starting, ending: offsets to read, as for :func:`~agents_stream.spark.read_kafka`;
-            compaction is applied within the range read.
-        registry_url: Schema Registry for Confluent-framed values (default: the app's).
-        include_raw: keep the encoded value in ``raw_value`` (backfill, reconcile).
-        **options: further ``agents_stream.kafka`` options, e.g.
-            ``maxRecordsPerPartition``.
-
-    Returns:
-        Journal rows (see :data:`agents_stream.spark.journal_rows.JOURNAL_COLUMNS`); the
-        ``kind`` column is ``call``, ``done``, ``memory``, ``truncation`` or
-        ``undecodable``.
-    """
-    topic, registry = _target(app_or_topic, registry_url)
-    raw = read_kafka(spark, bootstrap, topic, starting, ending, includeHeaders="false", **options)
-    return decode_journal(compact(raw), registry_url=registry, topic=topic, include_raw=include_raw)
-
-
-def action_states(journal: DataFrame) -> DataFrame:
-    """Groups journal rows into one row per ActionState ``(partition, topic, key, seq,
-    action)`` (``topic``: the input topic, ``""`` for entries written before v5).
-
-    Columns: ``partition, topic, key, seq, action, action_name``; ``calls`` (array of structs
-    ordered by index: index, function_id, args_digest, status, result_json, result_size,
-    exception_type, exception_message, call_id, started_ms, finished_ms, attempts,
-    worker_id); ``pending_calls``, ``failed_calls``, ``succeeded_calls``; ``completed``
-    (an ActionDone exists), ``outputs_count``, ``outputs_json``, ``emitted``,
-    ``finished_ms`` (of the ActionDone); ``truncations`` (array of structs) and
-    ``truncated`` (any). Undecodable records are not grouped (see :func:`read_journal`).
-    """
-    rows = journal.where(F.col("kind").isin("call", "done", "truncation"))
-    is_call, is_done = F.col("kind") == "call", F.col("kind") == "done"
-
-    def count_status(status: str) -> Any:
-        return F.sum(F.when(is_call & (F.col("status") == status), 1).otherwise(0))
-
-    grouped = rows.groupBy("partition", "topic", "key", "seq", "action").agg(
-        F.first("action_name").alias("action_name"),
-        F.array_sort(F.collect_list(F.when(is_call, F.struct(*CALL_FIELDS)))).alias("calls"),
-        count_status("PENDING").alias("pending_calls"),
-        count_status("FAILED").alias("failed_calls"),
-        count_status("SUCCEEDED").alias("succeeded_calls"),
-        F.max(is_done).alias("completed"),
-        F.max(F.when(is_done, F.col("outputs_count"))).alias("outputs_count"),
-        F.first(F.when(is_done, F.col("outputs_json")), ignorenulls=True).alias("outputs_json"),
-        F.max(F.when(is_done, F.col("emitted"))).alias("emitted"),
-        F.max(F.when(is_done, F.col("finished_ms"))).alias("finished_ms"),
-        F.array_sort(
-            F.collect_list(F.when(F.col("kind") == "truncation", F.struct(*TRUNCATION_FIELDS)))
-        ).alias("truncations"),
-    )
-    return grouped.withColumn("truncated", F.size("truncations") > 0)
-
-
-def read_action_states(
-    spark: SparkSession,
-    bootstrap: str,
-    app_or_topic: App | str,
-    *,
-    starting: str | OffsetSpec = "earliest",
-    ending: str | OffsetSpec = "latest",
-    registry_url: str | None = None,
-    **options: Any,
-) -> DataFrame:
-    """Decoded ActionStates of an app: :func:`read_journal` grouped by :func:`action_states`.
-
-    Example::
-
-        states = read_action_states(get_spark(), "localhost:9092", app)
-        states.where("not completed").select("key", "seq", "action", "calls").show()
-    """
-    journal = read_journal(
-        spark,
-        bootstrap,
-        app_or_topic,
-        starting=starting,
-        ending=ending,
-        registry_url=registry_url,
-        **options,
-    )
-    return action_states(journal)
+__all__ = [
+    "CALL_FIELDS",
+    "TRUNCATION_FIELDS",
+    "action_states",
+    "compact",
+    "decode_journal",
+    "read_action_states",
+    "read_journal",
+]

@@ -1,51 +1,16 @@
-"""Errors of the Spark subsystem: a missing runtime, bad source options, unreadable ranges."""
+"""Errors of the Spark subsystem: a missing runtime, bad source options, unreadable ranges.
+
+The data source's own errors live in :mod:`agents_stream.spark.source.errors` (the source
+is usable on its own) and are re-exported here.
+"""
 
 from __future__ import annotations
 
-from ..errors import AgentsStreamError, ConfigurationError
+from ..errors import AgentsStreamError
+from .source.errors import KafkaSourceError, KafkaSourceOptionError
+
+__all__ = ["KafkaSourceError", "KafkaSourceOptionError", "SparkUnavailableError"]
 
 
 class SparkUnavailableError(AgentsStreamError):
     """PySpark or a suitable Java runtime is missing; the message names what to install."""
-
-
-class KafkaSourceOptionError(ConfigurationError):
-    """An option of the ``agents_stream.kafka`` data source is missing or malformed.
-
-    Attributes:
-        option: the offending option name, e.g. ``startingOffsets``.
-    """
-
-    def __init__(self, message: str, *, option: str) -> None:
-        super().__init__(f"{option}: {message}")
-        self.option = option
-
-
-class KafkaSourceError(AgentsStreamError):
-    """A planned offset range cannot be read as planned.
-
-    Raised when offsets were deleted by retention (``failOnDataLoss``), when a requested
-    offset lies beyond the partition's end, or when the broker stops returning records
-    before the range is complete.
-
-    Attributes:
-        topic: the topic of the range.
-        partition: the Kafka partition of the range.
-        offset: the offset at which reading or planning failed (``None`` if unknown).
-        code: librdkafka's error code when a Kafka client error caused it.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        topic: str,
-        partition: int,
-        offset: int | None = None,
-        code: int | None = None,
-    ) -> None:
-        super().__init__(f"{topic}[{partition}]: {message}")
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-        self.code = code

@@ -106,6 +106,6 @@ def get_spark(app_name: str = "agents-stream", master: str | None = None) -> Spa
 
 def register_data_sources(spark: SparkSession) -> None:
     """Registers ``agents_stream.kafka`` with ``spark`` (idempotent)."""
-    from .kafka_source import KafkaDataSource
+    from .source.datasource import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)

@@ -21,13 +21,18 @@ N = 9
 
 def _pruned(env: SparkAppEnv) -> bool:
     last: dict[str, bytes | None] = {}
-    for r in sorted(read_topic(env.bootstrap, f"{env.app_id}-action-state"), key=lambda r: (r.partition, r.offset)):
+    for r in sorted(
+        read_topic(env.bootstrap, f"{env.app_id}-action-state"),
+        key=lambda r: (r.partition, r.offset),
+    ):
         last[r.key] = r.value
     kinds = {k.split("\x1f")[0] for k, v in last.items() if v is not None}
     return "p" in kinds and kinds <= {"m", "p"}
 
 
-def test_backfill_and_audit_agree_with_the_worker_after_pruning(spark, broker, topic_factory, worker_factory, tmp_path):
+def test_backfill_and_audit_agree_with_the_worker_after_pruning(
+    spark, broker, topic_factory, worker_factory, tmp_path
+):
     env = SparkAppEnv.create(broker, topic_factory, tmp_path)
     env.env["AS_PRUNE"] = "1"
     env.send(normal_inputs(N))

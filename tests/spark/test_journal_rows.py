@@ -10,14 +10,14 @@ import pyarrow as pa
 import pytest
 
 from agents_stream.serde.journal import default_journal_codec
-from agents_stream.spark.jobs.report import render_html, svg_bar_chart
-from agents_stream.spark.journal_rows import (
+from agents_stream.spark.frames.journal_rows import (
     JOURNAL_ARROW_SCHEMA,
     action_name,
     decode_batches,
     decode_record,
     payload_json,
 )
+from agents_stream.spark.jobs.report import render_html, svg_bar_chart
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "ActionState"
 SLOT = b"c\x1fuser-1\x1f42\x1fScoring.process#1\x1f0"

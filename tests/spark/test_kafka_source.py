@@ -8,8 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from agents_stream.spark import KafkaSourceError, KafkaSourceOptionError, read_kafka
-from agents_stream.spark.kafka_source import KAFKA_SCHEMA, SOURCE_NAME, source_options
-from agents_stream.spark.record_reader import arrow_schema
+from agents_stream.spark.source import KAFKA_SCHEMA, SOURCE_NAME, arrow_schema, source_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 

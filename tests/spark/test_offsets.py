@@ -18,7 +18,7 @@ from agents_stream.spark import (
     read_range,
     source_options,
 )
-from agents_stream.spark.options import parse_offset_spec
+from agents_stream.spark.source.options import parse_offset_spec
 
 
 def test_split_is_balanced_and_contiguous() -> None:
@@ -149,7 +149,7 @@ def test_unknown_and_unsupported_options_list_the_valid_ones() -> None:
 
 
 def test_min_partitions_splits_in_proportion_like_spark() -> None:
-    from agents_stream.spark.offsets import _min_partitions
+    from agents_stream.spark.source.offsets import _min_partitions
 
     ranges = [OffsetRange("t", 0, 0, 300), OffsetRange("t", 1, 0, 100), OffsetRange("t", 2, 5, 5)]
     out = _min_partitions(ranges, 8)

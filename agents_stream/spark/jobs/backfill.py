@@ -35,8 +35,8 @@ from pyspark.sql import functions as F
 from ...app import App
 from ...errors import ConfigurationError
 from ...kafka.config import producer_config
-from ..action_state import compact
-from ..kafka_source import read_kafka
+from ..frames.action_state import compact
+from ..source.datasource import read_kafka
 from .backfill_task import RESULT_DDL, BackfillTask, InputRecord, produce_outputs, run_partition
 from .common import committed_offsets, log, partition_counts, step
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-    from ..options import OffsetSpec
+    from ..source.options import OffsetSpec
 
 
 @dataclass

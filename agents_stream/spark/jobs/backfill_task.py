@@ -214,7 +214,7 @@ def produce_outputs(conf: dict[str, Any], topic: str, records: Iterable[tuple[st
 
 
 def _write_journal(task: BackfillTask, partition: int, log_entries: list[Any], codec: Any) -> None:
-    from ..state_writer import ActionStateWriter
+    from ..frames.state_writer import ActionStateWriter
 
     with ActionStateWriter(task.bootstrap, task.state_topic, codec) as writer:
         for item in log_entries:

@@ -44,8 +44,8 @@ from ...durable.journal import CallEntry, CallStatus, ExceptionInfo
 from ...errors import AgentsStreamError, ConfigurationError
 from ...kafka.config import admin_config
 from ...serde.journal import default_journal_codec
-from ..action_state import read_journal
-from ..state_writer import ActionStateWriter
+from ..frames.action_state import read_journal
+from ..frames.state_writer import ActionStateWriter
 from .common import log, step
 
 if TYPE_CHECKING:

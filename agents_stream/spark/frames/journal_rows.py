@@ -1,0 +1,249 @@
+"""Flat rows of decoded ActionState records: the executor side of the ActionState reader.
+
+One journal record (a live value of the ActionState topic) becomes one row of
+:data:`JOURNAL_COLUMNS`, whatever its kind (call slot, action completion, memory
+snapshot, truncation) and whatever schema version wrote it (v1..v3 decode to today's
+dataclasses through :func:`~agents_stream.serde.journal.default_journal_codec`). Payloads
+(call results, outputs) are shown as JSON text when they are UTF-8 JSON; other payloads
+(e.g. an app's opt-in pickle codec) are *never* deserialized here, only sized.
+
+A value that cannot be decoded is not fatal: it becomes a row of kind ``undecodable``
+whose ``error`` names the slot (key, seq, action, call index), so an audit can count and
+list it. This module imports nothing from PySpark.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from ...durable.errors import JournalDecodeError
+from ...durable.journal import (
+    ActionDone,
+    CallEntry,
+    InputProgress,
+    JournalEntry,
+    MemorySnapshot,
+    Truncation,
+)
+from ...durable.values import MAGIC, VERSION
+from ...serde.journal import JournalCodec, default_journal_codec
+
+_ACTION_ORDINAL = re.compile(r"#\d+$")
+
+# (name, Arrow type, Spark DDL type): the single definition both schemas derive from.
+_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("partition", pa.int32(), "INT"),
+    ("offset", pa.int64(), "BIGINT"),
+    ("timestamp_ms", pa.int64(), "BIGINT"),
+    ("kind", pa.string(), "STRING"),
+    ("key", pa.string(), "STRING"),
+    ("seq", pa.int64(), "BIGINT"),
+    ("action", pa.string(), "STRING"),
+    ("action_name", pa.string(), "STRING"),
+    ("index", pa.int32(), "INT"),
+    ("function_id", pa.string(), "STRING"),
+    ("args_digest", pa.string(), "STRING"),
+    ("status", pa.string(), "STRING"),
+    ("result_json", pa.string(), "STRING"),
+    ("result_size", pa.int32(), "INT"),
+    ("exception_type", pa.string(), "STRING"),
+    ("exception_message", pa.string(), "STRING"),
+    ("call_id", pa.string(), "STRING"),
+    ("started_ms", pa.int64(), "BIGINT"),
+    ("finished_ms", pa.int64(), "BIGINT"),
+    ("attempts", pa.int32(), "INT"),
+    ("worker_id", pa.string(), "STRING"),
+    ("outputs_count", pa.int32(), "INT"),
+    ("outputs_json", pa.list_(pa.string()), "ARRAY<STRING>"),
+    ("emitted", pa.bool_(), "BOOLEAN"),
+    ("calls", pa.int32(), "INT"),
+    ("events", pa.int32(), "INT"),
+    ("memory_updates", pa.int32(), "INT"),
+    ("expected_function_id", pa.string(), "STRING"),
+    ("recorded_function_id", pa.string(), "STRING"),
+    ("expected_args_digest", pa.string(), "STRING"),
+    ("recorded_args_digest", pa.string(), "STRING"),
+    ("dropped", pa.int32(), "INT"),
+    ("at_ms", pa.int64(), "BIGINT"),
+    ("error", pa.string(), "STRING"),
+    ("raw_value", pa.binary(), "BINARY"),
+    # Input topic of the action run ("" for entries written before v5); for a
+    # "progress" row (InputProgress marker) the topic whose partition it covers, with
+    # the marker's exclusive completed-through offset in ``seq``.
+    ("topic", pa.string(), "STRING"),
+]
+
+JOURNAL_COLUMNS: list[str] = [name for name, _, _ in _COLUMNS]
+"""Column names of a decoded journal row, in order."""
+
+JOURNAL_ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in _COLUMNS])
+"""Arrow schema of decoded journal rows (what :func:`decode_batches` yields)."""
+
+JOURNAL_DDL = ", ".join(f"`{name}` {ddl}" for name, _, ddl in _COLUMNS)
+"""Spark DDL schema of decoded journal rows."""
+
+KINDS = ("call", "done", "memory", "truncation", "progress", "undecodable")
+"""Kinds this reader names; entry kinds added later appear as their class name, lowercased."""
+
+
+def action_name(action: str) -> str:
+    """``Agent.method#3`` -> ``Agent.method`` (the ordinal only orders runs of a record)."""
+    return _ACTION_ORDINAL.sub("", action)
+
+
+TAGGED_HEADER = MAGIC + VERSION
+
+
+def payload_json(data: bytes | None) -> str | None:
+    """``data`` as JSON text if it is UTF-8 JSON, else ``None`` (never unpickled)."""
+    if data is None:
+        return None
+    if bytes(data[:2]) == TAGGED_HEADER:  # the exact value encoding: its tagged JSON
+        data = data[2:]
+    try:
+        text = bytes(data).decode("utf-8")
+        json.loads(text)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return text
+
+
+def entry_row(entry: JournalEntry) -> dict[str, Any]:
+    """The row fields describing ``entry`` (without Kafka coordinates)."""
+    if isinstance(entry, CallEntry):
+        exc = entry.exception
+        return {
+            "kind": "call",
+            **_ref(entry.ref),
+            "index": entry.index,
+            "function_id": entry.function_id,
+            "args_digest": entry.args_digest,
+            "status": entry.status.value,
+            "result_json": payload_json(entry.result),
+            "result_size": None if entry.result is None else len(entry.result),
+            "exception_type": exc.type if exc else None,
+            "exception_message": exc.message if exc else None,
+            "call_id": entry.call_id,
+            "started_ms": entry.started_ms,
+            "finished_ms": entry.finished_ms,
+            "attempts": entry.attempts,
+            "worker_id": entry.worker_id,
+        }
+    if isinstance(entry, ActionDone):
+        return {
+            "kind": "done",
+            **_ref(entry.ref),
+            "outputs_count": len(entry.outputs),
+            "outputs_json": [payload_json(o) for o in entry.outputs],
+            "emitted": entry.emitted,
+            "calls": entry.calls,
+            "events": len(entry.events),
+            "memory_updates": len(entry.memory_updates),
+            "finished_ms": entry.finished_ms,
+        }
+    if isinstance(entry, MemorySnapshot):
+        return {"kind": "memory", "key": entry.key, "seq": entry.applied_seq}
+    if isinstance(entry, Truncation):
+        return {
+            "kind": "truncation",
+            **_ref(entry.ref),
+            "index": entry.index,
+            "expected_function_id": entry.expected_function_id,
+            "recorded_function_id": entry.recorded_function_id,
+            "expected_args_digest": entry.expected_args_digest,
+            "recorded_args_digest": entry.recorded_args_digest,
+            "dropped": entry.dropped,
+            "at_ms": entry.at_ms,
+        }
+    if isinstance(entry, InputProgress):
+        return {
+            "kind": "progress",
+            "topic": entry.topic,
+            "seq": entry.offset,
+            "at_ms": entry.at_ms,
+            "worker_id": entry.worker_id,
+        }
+    # An entry kind newer than this reader (e.g. timers): kept as a row of its own kind.
+    row: dict[str, Any] = {"kind": type(entry).__name__.lower()}
+    ref = getattr(entry, "ref", None)
+    if ref is not None:
+        row.update(_ref(ref))
+    elif isinstance(getattr(entry, "key", None), str):
+        row["key"] = entry.key  # type: ignore[attr-defined]
+    return row
+
+
+def _ref(ref: Any) -> dict[str, Any]:
+    return {
+        "key": ref.key,
+        "topic": ref.topic,
+        "seq": ref.seq,
+        "action": ref.action,
+        "action_name": action_name(ref.action),
+    }
+
+
+def decode_record(
+    codec: JournalCodec, key: bytes, value: bytes, *, include_raw: bool = False
+) -> dict[str, Any]:
+    """One row for a live record; an undecodable value yields kind ``undecodable``."""
+    try:
+        row = entry_row(codec.decode(key, value))
+    except JournalDecodeError as exc:
+        row = {"kind": "undecodable", "error": str(exc), **_key_fields(exc)}
+    if include_raw:
+        row["raw_value"] = value
+    return row
+
+
+def _key_fields(exc: JournalDecodeError) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("key", "seq", "action", "index"):
+        value = getattr(exc, name, None)
+        if value is not None:
+            out[name] = value
+    if "action" in out:
+        out["action_name"] = action_name(out["action"])
+    return out
+
+
+def decode_batches(
+    batches: Iterable[pa.RecordBatch],
+    *,
+    registry_url: str | None = None,
+    topic: str | None = None,
+    include_raw: bool = False,
+) -> Iterator[pa.RecordBatch]:
+    """Decodes batches of live ActionState records into journal-row batches.
+
+    Input batches need ``key``, ``value`` (not null), ``partition``, ``offset`` and
+    ``timestamp_ms`` columns. One codec is built per call (per Spark task).
+    """
+    codec = default_journal_codec(registry_url, topic)
+    for batch in batches:
+        cols = batch.to_pydict()
+        rows = []
+        for key, value, partition, offset, ts in zip(
+            cols["key"],
+            cols["value"],
+            cols["partition"],
+            cols["offset"],
+            cols["timestamp_ms"],
+            strict=True,
+        ):
+            row = decode_record(codec, key, value, include_raw=include_raw)
+            row["partition"], row["offset"], row["timestamp_ms"] = partition, offset, ts
+            rows.append(row)
+        yield pa.RecordBatch.from_pylist(rows, schema=JOURNAL_ARROW_SCHEMA)
+
+
+def decode_entries(
+    codec: JournalCodec, records: Iterable[tuple[bytes, bytes]]
+) -> list[JournalEntry]:
+    """Decodes ``(key, value)`` pairs to journal entries (strict: errors propagate)."""
+    return [codec.decode(key, value) for key, value in records]
