@@ -25,6 +25,7 @@ Lifecycle a host drives:
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ class DurableHost:
         produce: build the producer, output sinks and dead letters; False for hosts that
             collect outputs themselves (Spark backfill).
         on_timers: called with timers registered by actions, once durable.
+        cancel: the host's stop signal: a cache rebuild ends early once it is set
+            (RebuildCancelled from the store's ``assign``).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class DurableHost:
         sinks: Mapping[str, OutputSink] | None = None,
         produce: bool = True,
         on_timers: TimersHook | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.app = app
         self.bootstrap = bootstrap
@@ -111,6 +115,7 @@ class DurableHost:
                 codec=default_journal_codec(app.schema_registry_url, app.action_state_topic),
                 data_dir=self.data_dir / "action-state",
                 bootstrap=bootstrap,
+                cancel=cancel,
             )
         assert store is not None
         # Entries journaled before v5 carry no input topic; they belong to the app's first

@@ -161,6 +161,11 @@ def consumer_config(
         # A short session makes failover (and group joins) take seconds, not tens of them.
         "session.timeout.ms": 6000,
         "heartbeat.interval.ms": 1500,
+        # Incremental rebalancing: a member joining or dying moves only the partitions
+        # that change owner; the others keep processing through the rebalance instead of
+        # all being revoked, committed and rebuilt (librdkafka cannot mix it with the
+        # eager range/roundrobin in one group: see docs/operations.md before upgrading).
+        "partition.assignment.strategy": "cooperative-sticky",
         "max.poll.interval.ms": 300000,
         "log_level": 3,
     }

@@ -45,8 +45,12 @@ class KafkaActionStateStore(ActionStateStore):
         codec: JournalCodec,
         data_dir: Path,
         bootstrap: str,
+        cancel: threading.Event | None = None,
     ) -> None:
+        """``cancel``: the host's stop signal; a cache rebuild in :meth:`assign` ends
+        early once it is set (raising RebuildCancelled), so a stop is not held up by it."""
         self.topic = topic
+        self._cancel = cancel
         self._producer = producer
         self._codec = codec
         self._dir = data_dir
@@ -57,13 +61,26 @@ class KafkaActionStateStore(ActionStateStore):
 
     # -- partition lifecycle ----------------------------------------------------------
     def assign(self, *partitions: int) -> int:
-        """Open (and catch up) the caches of ``partitions``; returns records replayed."""
+        """Open (and catch up) the caches of ``partitions``; returns records replayed.
+
+        On failure or cancellation (RebuildCancelled) none of them is assigned and their
+        caches are closed: RocksDB locks its directory, and the next owner in this
+        process (or the next process) must be able to reopen it."""
         with self._lock:
             wanted = [p for p in partitions if p not in self._caches]
         if not wanted:
             return 0
-        caches = {p: PartitionCache(self._dir / f"p{p}") for p in wanted}
-        replayed = rebuild_partitions(self._bootstrap, self.topic, caches, self._codec)
+        caches: dict[int, PartitionCache] = {}
+        try:
+            for p in wanted:
+                caches[p] = PartitionCache(self._dir / f"p{p}")
+            replayed = rebuild_partitions(
+                self._bootstrap, self.topic, caches, self._codec, cancel=self._cancel
+            )
+        except BaseException:
+            for cache in caches.values():
+                cache.close()
+            raise
         with self._lock:
             self._caches.update(caches)
         return sum(replayed.values())

@@ -19,11 +19,17 @@ moves forward. Steps, for one partition:
 Progress (records done / total, rate, ETA) is reported per batch through
 :class:`agents_stream.progress.Progress`; the total is the high watermarks learned from the
 first fetches minus the checkpoints.
+
+A rebuild of millions of records takes minutes; a ``cancel`` event (the worker's stop
+signal) is checked between batches and ends it with :class:`RebuildCancelled`. Each batch
+was applied with its checkpoint in one write, so the cache stays consistent and the next
+rebuild goes on from where this one stopped.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -44,6 +50,10 @@ BATCH = 5000
 PROGRESS_INTERVAL = 5.0  # seconds between progress log lines (off a terminal)
 
 
+class RebuildCancelled(Exception):
+    """A cache rebuild stopped by its cancel event before the partitions were caught up."""
+
+
 def rebuild_partition(
     bootstrap: str,
     topic: str,
@@ -52,9 +62,11 @@ def rebuild_partition(
     codec: JournalCodec,
     *,
     timeout: float = 60.0,
+    cancel: threading.Event | None = None,
 ) -> int:
     """Catch up one partition's cache; returns the number of records replayed."""
-    return rebuild_partitions(bootstrap, topic, {partition: cache}, codec, timeout=timeout)[
+    caches = {partition: cache}
+    return rebuild_partitions(bootstrap, topic, caches, codec, timeout=timeout, cancel=cancel)[
         partition
     ]
 
@@ -66,9 +78,12 @@ def rebuild_partitions(
     codec: JournalCodec,
     *,
     timeout: float = 60.0,
+    cancel: threading.Event | None = None,
 ) -> dict[int, int]:
     """Catch up several partitions with one consumer (one connection and fetch session
-    for a whole assignment); returns records replayed per partition."""
+    for a whole assignment); returns records replayed per partition.
+
+    Raises RebuildCancelled once ``cancel`` is set (checked between batches)."""
     starts = {p: cache.checkpoint for p, cache in caches.items()}
     replayed = dict.fromkeys(caches, 0)
     open_parts = set(caches)
@@ -88,6 +103,11 @@ def rebuild_partitions(
             [TopicPartition(topic, p, starts[p] or OFFSET_BEGINNING) for p in sorted(caches)]
         )
         while open_parts:
+            if cancel is not None and cancel.is_set():
+                raise RebuildCancelled(
+                    f"rebuild of {topic}{sorted(caches)} cancelled after "
+                    f"{sum(replayed.values())} records (checkpoints kept)"
+                )
             # consume() waits its whole timeout unless the batch fills: keep it short so an
             # empty or small partition is caught up in milliseconds, not seconds.
             msgs = consumer.consume(BATCH, timeout=0.05)
@@ -151,7 +171,7 @@ def rebuild_partitions(
         progress.close()
         consumer.close()
     for p in sorted(scratch):
-        replayed[p] = _restart_from_scratch(bootstrap, topic, p, caches[p], codec)
+        replayed[p] = _restart_from_scratch(bootstrap, topic, p, caches[p], codec, cancel)
     return replayed
 
 
@@ -179,6 +199,7 @@ def _restart_from_scratch(
     partition: int,
     cache: PartitionCache,
     codec: JournalCodec,
+    cancel: threading.Event | None,
 ) -> int:
     log.warning(
         "%s[%d]: cache checkpoint %d is past the topic end; the topic was recreated, "
@@ -189,4 +210,4 @@ def _restart_from_scratch(
     )
     for key in list(cache.db.keys()):
         cache.db.delete(key)
-    return rebuild_partition(bootstrap, topic, partition, cache, codec)
+    return rebuild_partition(bootstrap, topic, partition, cache, codec, cancel=cancel)
