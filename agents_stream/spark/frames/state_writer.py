@@ -13,8 +13,9 @@ success has durable records.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from types import TracebackType
 
 from ...durable.journal import JournalEntry
@@ -72,14 +73,23 @@ class ActionStateWriter:
             KafkaIOError: a record was not acknowledged (named in the message).
         """
         acks, self._acks = self._acks, []
+        deadline = time.monotonic() + timeout
         if self._producer is not None:
             self._producer.flush(timeout)
-        done, pending = wait(acks, timeout=timeout)
-        if pending:
-            raise KafkaIOError(
-                f"{self.topic}: {len(pending)} records unacknowledged after {timeout}s"
-            )
-        errors = [str(f.exception()) for f in done if f.exception() is not None]
+        # Each ack waited on by itself, not with concurrent.futures.wait: the producer's
+        # futures need not be stock Futures (wait relies on their internals).
+        failures: list[BaseException] = []
+        for i, ack in enumerate(acks):
+            try:
+                error = ack.exception(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                pending = len(acks) - i
+                raise KafkaIOError(
+                    f"{self.topic}: {pending} records unacknowledged after {timeout}s"
+                ) from None
+            if error is not None:
+                failures.append(error)
+        errors = [str(e) for e in failures]
         if errors:
             raise KafkaIOError(f"{len(errors)} records failed: {errors[:3]}")
         return self.written
