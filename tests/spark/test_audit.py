@@ -7,11 +7,15 @@ import json
 import time
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
+from agents_stream import App
+from agents_stream.durable.journal import ActionDone, ActionRef
+from agents_stream.spark.frames import ActionStateWriter
 from agents_stream.spark.jobs.audit import run_audit
-from agents_stream.testing.topics import read_topic
-from tests.spark.workload import APP_SPEC, SparkAppEnv, craft_anomalies, normal_inputs
+from agents_stream.testing.topics import create_topics, produce, read_topic
+from tests.apps.spark_app import Pipeline
+from tests.spark.workload import APP_SPEC, PROCESS, SparkAppEnv, craft_anomalies, normal_inputs
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -72,3 +76,54 @@ def test_audit_counts_known_anomalies(spark, broker, topic_factory, worker_facto
     page = (out / "report.html").read_text()
     assert "<svg" in page and "Pipeline.process SUCCEEDED" in page
     assert "## stuck (1)" in (out / "report.md").read_text()
+
+
+def test_audit_matches_inputs_by_topic_with_pre_v5_entries_on_the_first(
+    spark, broker, topic_factory, tmp_path
+):
+    """One agent on two input topics whose records share partition, offset and key: a
+    completion on one topic never vouches for the other's record, and entries journaled
+    before v5 (no topic) belong to the first input topic only."""
+    app_id = topic_factory("app")
+    in_a, in_b, out_a, out_b = (topic_factory(p) for p in ("in-a", "in-b", "out-a", "out-b"))
+    app = App(app_id, prune_completed=False, partitions=1)
+    app.agent(Pipeline, input=in_a, output=out_a)
+    app.agent(Pipeline, input=in_b, output=out_b)
+    create_topics(broker.bootstrap, [in_a, in_b, out_a, out_b, app.action_state_topic], 1)
+    for topic in (in_a, in_b):  # k0@0, k1@1, k2@2 on both topics
+        produce(broker.bootstrap, topic, [(f"k{i}", {"n": i}) for i in range(3)])
+
+    out = b'{"n": 1}'
+    entries = [
+        ActionDone(ActionRef("k0", 0, PROCESS, 0, topic=""), outputs=()),  # pre-v5: in_a
+        ActionDone(ActionRef("k1", 1, PROCESS, 0, topic=in_a), outputs=(out,)),
+        ActionDone(ActionRef("k1", 1, PROCESS, 0, topic=in_b), outputs=(out,)),
+        ActionDone(ActionRef("k2", 2, PROCESS, 0, topic=in_b), outputs=()),
+    ]
+    with ActionStateWriter(broker.bootstrap, app.action_state_topic) as writer:
+        writer.write((0, e) for e in entries)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for _ in range(2):  # in_a's output twice: B's completion must not account for it
+        producer.produce(out_a, key=b"k1", value=out)
+    producer.produce(out_b, key=b"k1", value=out)
+    assert producer.flush(30) == 0
+    group = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": app_id})
+    group.commit(offsets=[TopicPartition(in_a, 0, 3)], asynchronous=False)
+    group.close()
+
+    result = run_audit(spark, app, broker.bootstrap, None)
+
+    missing = sorted(
+        (r["topic"], r["offset"], r["key"], r["state"], r["committed"])
+        for r in result.tables["missing_inputs"].collect()
+    )
+    assert missing == [
+        (in_a, 2, "k2", "absent", True),
+        (in_b, 0, "k0", "absent", False),
+    ]
+    assert result.summary["inputs_missing_state_uncommitted"] == 1
+    dups = [
+        (r["topic"], r["records"], r["expected"])
+        for r in result.tables["duplicate_outputs"].collect()
+    ]
+    assert dups == [(out_a, 2, 1)]

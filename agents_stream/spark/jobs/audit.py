@@ -11,9 +11,13 @@ app's group is only *asked* for its committed offsets). Steps, each a named Spar
    (``truncations``: non-determinism evidence) and undecodable records
    (``undecodable``).
 3. ``missing_inputs``: input records (per agent binding) for which not every ActionState
-   of that record is completed. ``committed`` says whether the app's group already
-   committed past the record: with ``App(prune_completed=True)`` the states of committed
-   records are tombstoned, so only uncommitted missing inputs are anomalies there.
+   of that record is completed. A record is matched to its ActionStates by input topic,
+   partition, offset and key, so two input topics at the same partition/offset never
+   vouch for each other; entries journaled before v5 carry no topic and belong to the
+   app's first input topic (as in the worker's store). ``committed`` says whether the
+   app's group already committed past the record on its topic: with
+   ``App(prune_completed=True)`` the states of committed records are tombstoned, so only
+   uncommitted missing inputs are anomalies there.
 4. ``duplicate_outputs``: output records grouped by key and content, counted against
    the outputs the journal's ActionDone records hold for that key and content (at least
    one); any surplus is a duplicate emission (the worker's at-least-once window).
@@ -33,10 +37,11 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from ...app import App
-from ..action_state import action_states, read_journal
-from ..kafka_source import read_kafka
+from ..frames.action_state import action_states, read_journal
+from ..source.datasource import read_kafka
 from . import report
 from .common import committed_offsets, log, partition_counts, step
+from .progress import planned_records
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -75,7 +80,7 @@ def journal_tables(
     states: DataFrame | None = None,
 ) -> dict[str, DataFrame]:
     """The tables that need only the decoded journal (step 2); ``states`` defaults to
-    :func:`~agents_stream.spark.action_state.action_states` of ``journal``."""
+    :func:`~agents_stream.spark.frames.action_state.action_states` of ``journal``."""
     calls = journal.where(F.col("kind") == "call")
     states = states if states is not None else action_states(journal)
     return {
@@ -139,20 +144,36 @@ def journal_tables(
     }
 
 
+def input_topic(topic_col: Any, legacy_topic: str | None) -> Any:
+    """The input topic an ActionState belongs to: its own, or ``legacy_topic`` for an
+    entry journaled before v5 (topic ``""``); ``None`` leaves those unmatched."""
+    if legacy_topic is None:
+        return topic_col
+    return F.when(topic_col == "", F.lit(legacy_topic)).otherwise(topic_col)
+
+
 def missing_inputs(
-    journal: DataFrame, inputs: DataFrame, committed: DataFrame | None = None
+    journal: DataFrame,
+    inputs: DataFrame,
+    committed: DataFrame | None = None,
+    *,
+    legacy_topic: str | None,
 ) -> DataFrame:
     """Input records without a completed ActionState (step 3).
 
     Args:
         journal: decoded journal rows.
         inputs: ``agent, topic, partition, offset, key`` of the input records.
-        committed: ``agent, partition, committed`` offsets of the app's group, or None.
+        committed: ``agent, topic, partition, committed`` offsets of the app's group, or
+            None.
+        legacy_topic: the input topic owning pre-v5 entries (the app's first input
+            topic, ``App.input_topics[0]``).
     """
     per_record = (
         action_states(journal)
         .withColumn("agent", _agent_of(F.col("action_name")))
-        .groupBy("agent", "partition", "key", "seq")
+        .withColumn("topic", input_topic(F.col("topic"), legacy_topic))
+        .groupBy("agent", "topic", "partition", "key", "seq")
         .agg(F.min(F.col("completed").cast("int")).alias("all_done"))
     )
     # Inputs below their partition's completed-through marker are done even though
@@ -171,7 +192,7 @@ def missing_inputs(
     )
     joined = pending.join(
         per_record.withColumnRenamed("seq", "offset"),
-        ["agent", "partition", "key", "offset"],
+        ["agent", "topic", "partition", "key", "offset"],
         "left",
     ).where(F.col("all_done").isNull() | (F.col("all_done") == 0))
     out = joined.select(
@@ -185,32 +206,42 @@ def missing_inputs(
     if committed is None:
         return out.withColumn("committed", F.lit(None).cast("boolean"))
     return (
-        out.join(committed, ["agent", "partition"], "left")
+        out.join(committed, ["agent", "topic", "partition"], "left")
         .withColumn("committed", F.coalesce(F.col("offset") < F.col("committed"), F.lit(False)))
         .select(*out.columns, "committed")
     )
 
 
-def duplicate_outputs(journal: DataFrame, outputs: DataFrame) -> DataFrame:
+def duplicate_outputs(
+    journal: DataFrame,
+    outputs: DataFrame,
+    routes: DataFrame | None = None,
+    *,
+    legacy_topic: str | None = None,
+) -> DataFrame:
     """Output (key, content) groups with more records than the journal accounts for.
 
     Args:
         journal: decoded journal rows.
         outputs: ``agent, topic, key, value`` (value as text) of the output records.
+        routes: ``agent, input, topic``: the output topic of each agent binding, so that
+            an agent bound to two inputs has each output topic checked against the
+            completions of its own input; ``None`` counts them per agent only.
+        legacy_topic: the input topic owning pre-v5 entries (see :func:`missing_inputs`).
     """
-    expected = (
-        journal.where(F.col("kind") == "done")
-        .select(
-            _agent_of(F.col("action_name")).alias("agent"),
-            "key",
-            F.explode("outputs_json").alias("value"),
-        )
-        .groupBy("agent", "key", "value")
-        .agg(F.count("*").alias("expected"))
+    done = journal.where(F.col("kind") == "done").select(
+        _agent_of(F.col("action_name")).alias("agent"),
+        input_topic(F.col("topic"), legacy_topic).alias("input"),
+        "key",
+        F.explode("outputs_json").alias("value"),
     )
+    on = ["agent", "key", "value"]
+    if routes is not None:
+        done, on = done.join(routes, ["agent", "input"]), ["agent", "topic", "key", "value"]
+    expected = done.groupBy(*on).agg(F.count("*").alias("expected"))
     seen = outputs.groupBy("agent", "topic", "key", "value").agg(F.count("*").alias("records"))
     return (
-        seen.join(expected, ["agent", "key", "value"], "left")
+        seen.join(expected, on, "left")
         .withColumn("expected", F.coalesce("expected", F.lit(0)))
         .withColumn("duplicates", F.col("records") - F.greatest("expected", F.lit(1)))
         .where(F.col("duplicates") > 0)
@@ -247,7 +278,8 @@ def run_audit(
             ``maxRecordsPerPartition=200_000``.
     """
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-    with step(spark, "audit", f"read and decode {app.action_state_topic}"):
+    state_records = planned_records(bootstrap, [app.action_state_topic], **read_options)
+    with step(spark, "audit", f"read and decode {app.action_state_topic}", records=state_records):
         journal = read_journal(spark, bootstrap, app, **read_options).drop("raw_value").cache()
         records = journal.count()
         states = action_states(journal).cache()
@@ -258,11 +290,20 @@ def run_audit(
         tables["missing_inputs"] = _missing_inputs(spark, app, bootstrap, journal)
     if outputs and any(b.output for b in app.agents):
         tables["duplicate_outputs"] = _duplicate_outputs(spark, app, bootstrap, journal)
-    with step(spark, "audit", "summarize"):
+    # Input and output topics are read (again) by the actions of both steps below; the
+    # journal is cached by then.
+    topics = [b.input for b in app.agents if inputs] + [b.output for b in app.agents if outputs]
+    topic_records = planned_records(bootstrap, sorted({t for t in topics if t}))
+    with step(spark, "audit", "summarize", records=topic_records):
         summary = _summary(app, journal, states, tables, records, now_ms, stuck_after_s)
     result = AuditResult(summary, tables)
     if out_dir is not None:
-        with step(spark, "audit", f"write Parquet tables and reports to {out_dir}"):
+        with step(
+            spark,
+            "audit",
+            f"write Parquet tables and reports to {out_dir}",
+            records=topic_records,
+        ):
             _write(result, Path(out_dir), app)
     states.unpersist()
     journal.unpersist()
@@ -287,7 +328,7 @@ def _missing_inputs(spark: SparkSession, app: App, bootstrap: str, journal: Data
             )
         )
         offsets = committed_offsets(bootstrap, app.id, binding.input, counts[binding.input])
-        committed_rows += [(binding.name, p, o) for p, o in offsets.items()]
+        committed_rows += [(binding.name, binding.input, p, o) for p, o in offsets.items()]
     if not frames:
         return spark.createDataFrame(
             [],
@@ -297,8 +338,10 @@ def _missing_inputs(spark: SparkSession, app: App, bootstrap: str, journal: Data
     inputs = frames[0]
     for frame in frames[1:]:
         inputs = inputs.unionByName(frame)
-    committed = spark.createDataFrame(committed_rows, "agent string, partition int, committed long")
-    return missing_inputs(journal, inputs, committed)
+    committed = spark.createDataFrame(
+        committed_rows, "agent string, topic string, partition int, committed long"
+    )
+    return missing_inputs(journal, inputs, committed, legacy_topic=app.input_topics[0])
 
 
 def _duplicate_outputs(
@@ -324,7 +367,11 @@ def _duplicate_outputs(
     outputs_df = frames[0]
     for frame in frames[1:]:
         outputs_df = outputs_df.unionByName(frame)
-    return duplicate_outputs(journal, outputs_df)
+    routes = spark.createDataFrame(
+        [(b.name, b.input, b.output) for b in app.agents if b.output],
+        "agent string, input string, topic string",
+    )
+    return duplicate_outputs(journal, outputs_df, routes, legacy_topic=app.input_topics[0])
 
 
 def _summary(

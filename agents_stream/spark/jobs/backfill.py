@@ -39,6 +39,7 @@ from ..frames.action_state import compact
 from ..source.datasource import read_kafka
 from .backfill_task import RESULT_DDL, BackfillTask, InputRecord, produce_outputs, run_partition
 from .common import committed_offsets, log, partition_counts, step
+from .progress import planned_records
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -153,7 +154,10 @@ def run_backfill(
         snapshot = list(zip(pdf_state["key"], pdf_state["value"], strict=True))
         return pd.DataFrame(run_partition(task, partition, records, snapshot))
 
-    with step(spark, "backfill", f"run {binding.name} over {binding.input}"):
+    planned = planned_records(bootstrap, [binding.input], starting=starting, ending=ending)
+    if use_journal and planned is not None:
+        planned += planned_records(bootstrap, [state_topic]) or 0
+    with step(spark, "backfill", f"run {binding.name} over {binding.input}", records=planned):
         results = (
             inputs.groupBy("partition")
             .cogroup(state.groupBy("partition"))
@@ -178,11 +182,13 @@ def run_backfill(
     )
     result = BackfillResult(summary, results, outputs)
     if output_path is not None:
-        with step(spark, "backfill", f"write outputs to {output_path}"):
+        with step(spark, "backfill", f"write outputs to {output_path}", records=summary["outputs"]):
             outputs.write.mode("overwrite").parquet(str(output_path))
             result.written.append(str(output_path))
     if output_topic is not None:
-        with step(spark, "backfill", f"produce outputs to {output_topic}"):
+        with step(
+            spark, "backfill", f"produce outputs to {output_topic}", records=summary["outputs"]
+        ):
             _produce(outputs, bootstrap, output_topic)
             result.written.append(output_topic)
     return result

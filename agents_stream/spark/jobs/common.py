@@ -1,8 +1,9 @@
 """What every Spark job shares: progress reporting and small Kafka metadata look-ups.
 
-Progress is shown twice: as log lines (``agents_stream.spark.jobs``) with the wall time
-of each step, and as the Spark job group/description of the step, so the Spark UI (or
-the history server) names every Spark job after the step that ran it.
+Progress is shown three ways: log lines (``agents_stream.spark.jobs``) with the wall
+time of each step; records done / total, rate and ETA while a step that reads topics
+runs (:mod:`.progress`); and the Spark job group/description of the step, so the Spark
+UI (or the history server) names every Spark job after the step that ran it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from ...errors import KafkaIOError
 from ...kafka.admin import TopicAdmin
 from ...kafka.config import reader_config
+from .progress import StepProgress
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -27,14 +29,25 @@ log = logging.getLogger("agents_stream.spark.jobs")
 
 
 @contextmanager
-def step(spark: SparkSession, job: str, description: str) -> Iterator[None]:
-    """Names the Spark jobs run inside the block and logs the step's start and duration."""
+def step(
+    spark: SparkSession, job: str, description: str, *, records: int | None = None
+) -> Iterator[None]:
+    """Names the Spark jobs run inside the block and logs the step's start and duration.
+
+    With ``records`` (what the step reads, e.g. from :func:`.progress.planned_records`)
+    the step also reports records done / total, rate and ETA while it runs.
+    """
     sc = spark.sparkContext
-    sc.setJobGroup(f"agents-stream-{job}", f"{job}: {description}", interruptOnCancel=True)
+    group = f"agents-stream-{job}"
+    sc.setJobGroup(group, f"{job}: {description}", interruptOnCancel=True)
     log.info("%s: %s ...", job, description)
     started = time.monotonic()
     try:
-        yield
+        if records is None:
+            yield
+        else:
+            with StepProgress(spark, group, f"{job}: {description}", records):
+                yield
     finally:
         log.info("%s: %s done in %.1fs", job, description, time.monotonic() - started)
         sc.setJobGroup(f"agents-stream-{job}", f"{job}", interruptOnCancel=True)

@@ -47,6 +47,7 @@ from ...serde.journal import default_journal_codec
 from ..frames.action_state import read_journal
 from ..frames.state_writer import ActionStateWriter
 from .common import log, step
+from .progress import planned_records
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -192,7 +193,10 @@ def run_reconcile(
     """Settles PENDING calls of ``app`` from ``ledger`` (steps in the module docstring)."""
     if not (force or dry_run):
         check_stopped(bootstrap, app.id)
-    with step(spark, "reconcile", f"find PENDING calls in {app.action_state_topic}"):
+    planned = planned_records(bootstrap, [app.action_state_topic])
+    with step(
+        spark, "reconcile", f"find PENDING calls in {app.action_state_topic}", records=planned
+    ):
         journal = read_journal(spark, bootstrap, app, include_raw=True)
         pending = journal.where("kind = 'call' AND status = 'PENDING'")
         match = "call_id" if ledger.match_on == "call_id" else "key"
