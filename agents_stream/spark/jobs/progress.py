@@ -33,6 +33,10 @@ INTERVAL = 5.0
 POLL = 0.5
 """Seconds between status tracker polls (reading the driver's in-memory status store)."""
 
+# PySpark pins a py4j connection to each Python thread and py4j logs its closing at INFO:
+# one line of noise per step from the polling thread, unless the app chose a level.
+_PY4J = logging.getLogger("py4j.clientserver")
+
 
 def planned_records(bootstrap: str, topics: Sequence[str], **options: Any) -> int | None:
     """Records that reads of ``topics`` (options as for :func:`read_kafka`) cover now.
@@ -75,6 +79,8 @@ class StepProgress:
         stream: TextIO | None = None,
         tty: bool | None = None,
     ) -> None:
+        if _PY4J.level == logging.NOTSET:
+            _PY4J.setLevel(logging.WARNING)
         self._tracker = spark.sparkContext.statusTracker()
         self._group = group
         self._total = total
