@@ -18,7 +18,8 @@ Lifecycle, in the order Faust drives it:
 2. Every assignment: catch up each assigned input partition's cache from the ActionState
    topic (in a thread: Faust's loop keeps heartbeating). A record of a partition that is
    not assigned yet (missed signal) assigns it first.
-3. Records: see :mod:`agents_stream.faust.records` (run, then ack).
+3. Records: see :mod:`agents_stream.faust.records` (run, then ack; a replayed dead letter
+   runs under its original offset).
 4. Revocation (``on_partitions_revoked``; Faust has waited for in-flight records to be
    acked): close the revoked partitions' caches.
 5. Every ``prune_interval``: tombstone the ActionStates of records below the offsets
@@ -218,8 +219,11 @@ class DurableAgent:
                 return False  # fetched before a revoke: the new owner runs it
             await self._assign([partition])
         acked = await handler.handle(event)
-        if acked and self.prune_completed:
-            self._finished[partition].append((int(event.message.offset), record_key(event.key)))
+        offset = int(event.message.offset)
+        # A dead letter's journal is kept for its replay, a replay's for the replay's own
+        # re-delivery (runtime/dlq.py): only other records are pruned.
+        if acked and not handler.keeps_journal(partition, offset) and self.prune_completed:
+            self._finished[partition].append((offset, record_key(event.key)))
         return acked
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -9,15 +9,21 @@ so that the two hosts replay and commit alike:
 2. Only then is the event acked. Faust commits acked offsets, so an input offset is never
    committed before its actions completed; an unacked record is re-consumed after a crash
    and its journaled calls are replayed, completed actions skipped.
-3. An action that raises: with ``on_error="dlq"`` the record is copied to
-   ``<input>-dlq`` (headers say why), then acked; with ``"fail"`` (and always for
-   journal decode errors and strict non-determinism) it is *not* acked and the Faust
-   app is crashed, so the record is re-consumed by the next worker.
+3. An action that raises: the verdict is the worker's (:mod:`agents_stream.host.policy`).
+   With ``on_error="dlq"`` the record is copied to ``<input>-dlq`` (headers say why),
+   then acked; with ``"fail"`` (and always for journal decode errors and strict
+   non-determinism) it is *not* acked and the Faust app is crashed, so the record is
+   re-consumed by the next worker.
    Once the host is stopping, no later event is run or acked either: Faust commits
    the first run of consecutive acked offsets, which could otherwise skip the
    unacked one.
 4. A record whose partition was revoked while it ran is abandoned, unacked: the next
    owner of the partition re-runs it with its journaled calls replayed.
+5. A dead letter replayed to its input (``agents-stream dlq replay``, header
+   ``x-replay-of``) runs under its original offset, so it meets what its first attempt
+   journaled. The completed-through skip still goes by the replay's own offset, and the
+   journals of dead-lettered and replayed records are kept (not pruned), as the worker
+   does.
 """
 
 from __future__ import annotations
@@ -26,14 +32,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from ..durable.errors import FATAL_ERRORS as FATAL
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
+from ..host.policy import OnError, judge, record_where
+from ..runtime.dlq import REPLAY_HEADER, original_identity
 
 log = logging.getLogger("agents_stream.faust")
-
-OnError = Literal["dlq", "fail"]
 
 
 class FaustMessage(Protocol):
@@ -88,17 +93,34 @@ def record_headers(headers: Any) -> dict[str, bytes]:
 
 def record_input(event: FaustEvent) -> RecordInput:
     """The RecordInput of a Faust event: ``seq`` is the input offset, so a re-consumed
-    record meets the ActionStates of its earlier run."""
+    record meets the ActionStates of its earlier run; for a replayed dead letter, the
+    offset it was dead-lettered from (:func:`replayed_offset`)."""
     msg = event.message
     ts = msg.timestamp
+    headers = record_headers(msg.headers)
+    replayed = replayed_offset(msg, headers) if REPLAY_HEADER in headers else None
     return RecordInput(
         key=record_key(event.key),
-        seq=int(msg.offset),
+        seq=int(msg.offset) if replayed is None else replayed,
         value=event.value,
         partition=int(msg.partition),
         timestamp=int(ts * 1000) if ts else None,
-        headers=record_headers(msg.headers),
+        headers=headers,
     )
+
+
+def replayed_offset(msg: FaustMessage, headers: dict[str, bytes]) -> int | None:
+    """The original offset named by ``x-replay-of`` when it is a record of this very
+    topic and partition (its journal lives in this partition); else None, logged: the
+    header is anyone's to write, so a foreign one only makes the record run as new."""
+    identity = original_identity(headers, str(msg.topic))
+    if identity is not None and identity[0] == int(msg.partition):
+        return identity[1]
+    log.warning(
+        "%s[%d]@%d: ignoring %s=%r (not a record of this partition); processed as new",
+        msg.topic, msg.partition, msg.offset, REPLAY_HEADER, headers[REPLAY_HEADER],
+    )  # fmt: skip
+    return None
 
 
 class ConfluentLikeMessage:
@@ -153,6 +175,9 @@ class FaustRecordHandler:
         self._crash = crash
         self._owns = owns
         self.failed: BaseException | None = None
+        # (partition, offset) of acked records whose journal must outlive the commit:
+        # dead letters (their replay meets it) and replays (they run under an older seq).
+        self._keep: set[tuple[int, int]] = set()
         # Completed-through marker per input partition, set by the host on assignment.
         self.completed_through: dict[int, int] = {}
         self._skip_logged: set[int] = set()
@@ -170,8 +195,11 @@ class FaustRecordHandler:
         if self.failed is not None:
             return False  # stopping: leave it (and everything after it) unacked
         record = record_input(event)
-        if record.seq < self.completed_through.get(record.partition, -1):
-            self._skip_completed(record)
+        offset = int(event.message.offset)
+        # The replay's own offset: a replayed dead letter sits above the marker even
+        # though it runs under the older offset it was dead-lettered from.
+        if offset < self.completed_through.get(record.partition, -1):
+            self._skip_completed(record.partition, offset)
             event.ack()
             return True
         try:
@@ -181,19 +209,29 @@ class FaustRecordHandler:
         except Exception as exc:
             return await self._failed(event, record, exc)
         self._count(outcome)
+        if record.seq != offset:
+            self._keep.add((record.partition, offset))
         event.ack()
         return True
 
-    def _skip_completed(self, record: RecordInput) -> None:
+    def keeps_journal(self, partition: int, offset: int) -> bool:
+        """Whether an acked record's ActionStates must not be pruned (asked once)."""
+        try:
+            self._keep.remove((partition, offset))
+        except KeyError:
+            return False
+        return True
+
+    def _skip_completed(self, partition: int, offset: int) -> None:
         """An event the group already finished (re-delivered after an offset reset):
         running it again would charge its side effects twice."""
         self.stats["skipped_completed"] = self.stats.get("skipped_completed", 0) + 1
-        if record.partition not in self._skip_logged:
-            self._skip_logged.add(record.partition)
-            marker = self.completed_through[record.partition]
+        if partition not in self._skip_logged:
+            self._skip_logged.add(partition)
+            marker = self.completed_through[partition]
             log.warning(
                 "%s[%d]: skipping %d records below completed-through marker %d",
-                self.runner.topic, record.partition, marker - record.seq, marker,
+                self.runner.topic, partition, marker - offset, marker,
             )  # fmt: skip
 
     def _count(self, outcome: RecordOutcome) -> None:
@@ -204,25 +242,26 @@ class FaustRecordHandler:
 
     async def _failed(self, event: FaustEvent, record: RecordInput, exc: Exception) -> bool:
         msg = event.message
-        where = f"{msg.topic}[{record.partition}]@{record.seq} key={record.key!r}"
+        where = record_where(msg.topic, record.partition, int(msg.offset), record.key)
         if not self._owns(record.partition):
             self.stats["abandoned"] += 1
             log.info("%s abandoned: partition revoked while it ran (%r)", where, exc)
             return False
-        if isinstance(exc, FATAL) or self.on_error == "fail" or self.dead_letters is None:
-            log.critical("action of %s raised on %s: %r; stopping", self.runner.name, where, exc)
+        verdict = judge(
+            log,
+            exc,
+            f"action of {self.runner.name} raised on {where}",
+            self.on_error,
+            host="Faust app",
+            dead_letter_to=f"{msg.topic}-dlq",
+            can_dead_letter=self.dead_letters is not None,
+        )
+        if verdict.stops or self.dead_letters is None:
             self.failed = exc
             await self._crash(exc)
             return False
-        log.error(
-            "action of %s raised on %s: %r -> %s-dlq",
-            self.runner.name,
-            where,
-            exc,
-            msg.topic,
-            exc_info=exc,
-        )
         await asyncio.wrap_future(self.dead_letters.send(ConfluentLikeMessage(msg), "action", exc))
         self.stats["dlq"] += 1
+        self._keep.add((record.partition, int(msg.offset)))
         event.ack()
         return True

@@ -4,6 +4,7 @@ store with fake Faust events, and a DurableAgent inside Faust's own ``test_conte
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,3 +245,46 @@ def test_events_below_the_completed_through_marker_are_acked_without_running():
     at = FakeEvent({"n": 4}, offset=10)
     assert run(host.handler.handle(at)) is True
     assert len(EFFECTS) == 1
+
+
+def replay_of(original: int, *, offset: int, partition: int = 0, topic: str = "orders") -> FakeEvent:
+    """The dead letter of ``original`` produced back to its input by ``dlq replay``."""
+    event = FakeEvent({"n": 1}, offset=offset, partition=partition)
+    event.message.headers = [("x-replay-of", f"{topic}/{partition}/{original}".encode())]
+    return event
+
+
+def test_replayed_dead_letter_runs_under_its_original_offset():
+    host = Host()
+    FAIL_AFTER_FIRST.add(1)  # the charge is journaled, then the action raises
+    first = FakeEvent({"n": 1}, offset=9)
+    assert run(host.handler.handle(first)) is True
+    assert host.dlq.sent == [("orders", 9, "action")] and len(EFFECTS) == 1
+    replay = replay_of(9, offset=20)
+    assert record_input(replay).seq == 9
+    assert run(host.handler.handle(replay)) is True
+    assert replay.acked
+    assert len(EFFECTS) == 1  # the journaled charge was replayed, not executed again
+    assert host.handler.stats["calls_replayed"] == 1
+    assert host.sink.sent == [("k", [{"n": 1, "receipt": "charged-1"}])]
+    # Neither journal may be pruned: the dead letter's nor the replay's.
+    assert host.handler.keeps_journal(0, 9) and host.handler.keeps_journal(0, 20)
+    assert not host.handler.keeps_journal(0, 20)  # asked once
+
+
+def test_replay_above_the_completed_through_marker_is_not_skipped():
+    host = Host()
+    host.handler.completed_through[0] = 15  # the original offset 9 is below it
+    assert run(host.handler.handle(replay_of(9, offset=20))) is True
+    assert host.handler.stats["records"] == 1 and len(EFFECTS) == 1
+
+
+@pytest.mark.parametrize(
+    ("topic", "partition"), [("payments", 0), ("orders", 1)], ids=["other-topic", "other-partition"]
+)
+def test_foreign_replay_header_runs_as_a_new_record(topic, partition, caplog):
+    event = replay_of(9, offset=20, topic=topic)
+    event.message.headers = [("x-replay-of", f"{topic}/{partition}/9".encode())]
+    with caplog.at_level(logging.WARNING, logger="agents_stream.faust"):
+        assert record_input(event).seq == 20
+    assert "ignoring x-replay-of" in caplog.text

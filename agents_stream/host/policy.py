@@ -1,0 +1,100 @@
+"""The record error policy, shared by every host that runs actions on records (the
+worker's :class:`~agents_stream.runtime.agent_host.AgentHost`, the Faust adapter).
+
+What an exception escaping an action run means, in order:
+
+1. ``FATAL``: the journal cannot be trusted (:data:`~agents_stream.durable.errors.FATAL_ERRORS`:
+   an unreadable journal value, a strict-mode divergence). The host stops without
+   committing the record, whatever ``on_error`` says: skipping it would guess state.
+2. ``FAIL``: ``App(on_error="fail")``, or a host with nowhere to dead-letter. The host
+   stops without committing the record; the next owner runs it again.
+3. ``DEAD_LETTER``: ``App(on_error="dlq")``: the record goes to ``<input>-dlq`` (a timer,
+   which has no record, is dropped) and processing goes on.
+
+Every failure is logged once, here, naming where it happened, so an operator finds the
+record in the same words whichever host ran it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from ..durable.errors import FATAL_ERRORS
+
+OnError = Literal["dlq", "fail"]
+
+
+class Verdict(enum.Enum):
+    FATAL = "fatal"
+    FAIL = "fail"
+    DEAD_LETTER = "dead_letter"
+
+    @property
+    def stops(self) -> bool:
+        """Whether the host must stop, leaving the record uncommitted."""
+        return self is not Verdict.DEAD_LETTER
+
+
+def classify(exc: BaseException, on_error: OnError, *, can_dead_letter: bool = True) -> Verdict:
+    """The verdict on ``exc`` raised by an action run (see the module doc)."""
+    if isinstance(exc, FATAL_ERRORS):
+        return Verdict.FATAL
+    if on_error == "fail" or not can_dead_letter:
+        return Verdict.FAIL
+    return Verdict.DEAD_LETTER
+
+
+def record_where(topic: str, partition: int, offset: int, key: str) -> str:
+    """``orders[3]@1207 key='user-1'``: how every host names a record in its logs."""
+    return f"{topic}[{partition}]@{offset} key={key!r}"
+
+
+def judge(
+    logger: logging.Logger,
+    exc: BaseException,
+    what: str,
+    on_error: OnError,
+    *,
+    host: str,
+    dead_letter_to: str | None = None,
+    can_dead_letter: bool = True,
+    extra: Mapping[str, Any] | None = None,
+) -> Verdict:
+    """Classify ``exc`` and log it once; the caller acts on the verdict.
+
+    Args:
+        what: what failed and where, e.g. ``"action of Payments raised on " +
+            record_where(...)``.
+        host: named in the stop line ("worker", "Faust app").
+        dead_letter_to: the DLQ topic of a DEAD_LETTER record; None means the failed
+            work is dropped (a timer).
+        extra: structured log fields (runtime/logs.py ``record_fields``).
+    """
+    verdict = classify(exc, on_error, can_dead_letter=can_dead_letter)
+    fields = dict(extra) if extra else None
+    if verdict is Verdict.FATAL:
+        # The message of a fatal error names the journal slot; a traceback adds nothing.
+        logger.critical("%s: %s; stopping the %s", what, exc, host, extra=fields)
+    elif verdict is Verdict.FAIL:
+        logger.critical(
+            "%s: %r; stopping the %s (on_error=%r), the record is not committed",
+            what,
+            exc,
+            host,
+            on_error,
+            exc_info=exc,
+            extra=fields,
+        )
+    else:
+        logger.error(
+            "%s: %r -> %s",
+            what,
+            exc,
+            dead_letter_to or "dropped",
+            exc_info=exc,
+            extra=fields,
+        )
+    return verdict
