@@ -63,3 +63,28 @@ def test_source_imports_nothing_of_the_app_side() -> None:
     assert bad == [], f"the generic source imported {bad}"
     assert report["columns"][:5] == ["key", "value", "topic", "partition", "offset"]
     assert report["topics"] == ["orders"]
+
+
+def test_old_flat_module_paths_are_aliases_of_the_new_modules() -> None:
+    import importlib
+
+    moved = {
+        "kafka_source": "source.datasource",
+        "options": "source.options",
+        "offsets": "source.offsets",
+        "record_reader": "source.record_reader",
+        "action_state": "frames.action_state",
+        "journal_rows": "frames.journal_rows",
+        "state_writer": "frames.state_writer",
+    }
+    for old, new in moved.items():
+        alias = importlib.import_module(f"agents_stream.spark.{old}")
+        module = importlib.import_module(f"agents_stream.spark.{new}")
+        public = [n for n in vars(module) if not n.startswith("_")]
+        assert alias.__all__, old
+        for name in alias.__all__:
+            assert getattr(alias, name) is getattr(module, name), f"{old}.{name}"
+        defined = {
+            n for n in public if getattr(getattr(module, n), "__module__", None) == module.__name__
+        }
+        assert defined <= set(alias.__all__), f"{old} lacks {defined - set(alias.__all__)}"

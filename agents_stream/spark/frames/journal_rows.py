@@ -170,11 +170,11 @@ def entry_row(entry: JournalEntry) -> dict[str, Any]:
         }
     # An entry kind newer than this reader (e.g. timers): kept as a row of its own kind.
     row: dict[str, Any] = {"kind": type(entry).__name__.lower()}
-    ref = getattr(entry, "ref", None)
+    ref, key = getattr(entry, "ref", None), getattr(entry, "key", None)
     if ref is not None:
         row.update(_ref(ref))
-    elif isinstance(getattr(entry, "key", None), str):
-        row["key"] = entry.key  # type: ignore[attr-defined]
+    elif isinstance(key, str):
+        row["key"] = key
     return row
 
 
