@@ -51,6 +51,8 @@ class Steps(Agent):
             acked(ctx.ref.call_id(faust_app.conf.id, i))
             results.append(r)
             park(f"after-{i}")
+            if i == 0 and event.input.get("fail_after_fetch") and not os.environ.get("AS_FIXED"):
+                raise ValueError(f"declined {n} after fetch")  # fixed by a redeploy
         total = ctx.short_term_memory.get("count", 0) + 1
         ctx.short_term_memory.set("count", total)
         ctx.send_event(OutputEvent(output={"n": n, "results": results, "count": total}))
