@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .journal import (
+    ActionDone,
     ActionRef,
+    CallEntry,
     JournalEntry,
     TimerEntry,
     Tombstone,
@@ -34,20 +36,35 @@ def encode_identity(identity: tuple[object, ...]) -> bytes:
     return SEP.join(str(part) for part in identity).encode()
 
 
+def _ref_tail(ref: ActionRef) -> str:
+    """``key seq [topic] action`` of ``ref``, joined; computed once per ref (an action
+    run's keys are encoded several times: lookups, its appends, pruning)."""
+    tail: str | None = ref.__dict__.get("_key_tail")
+    if tail is None:
+        tail = SEP.join(str(part) for part in ref_identity("", ref)[1:])
+        object.__setattr__(ref, "_key_tail", tail)  # frozen: a cache, not a field
+    return tail
+
+
 def entry_key_bytes(entry: JournalEntry | Tombstone) -> bytes:
+    kind = type(entry)
+    if kind is ActionDone:
+        return done_key(entry.ref)  # type: ignore[union-attr]
+    if kind is CallEntry:
+        return call_key(entry.ref, entry.index)  # type: ignore[union-attr]
     return encode_identity(entry_key(entry))
 
 
 def call_key(ref: ActionRef, index: int) -> bytes:
-    return encode_identity(ref_identity("c", ref, index))
+    return f"c{SEP}{_ref_tail(ref)}{SEP}{index}".encode()
 
 
 def calls_prefix(ref: ActionRef) -> bytes:
-    return encode_identity(ref_identity("c", ref)) + SEP.encode()
+    return f"c{SEP}{_ref_tail(ref)}{SEP}".encode()
 
 
 def done_key(ref: ActionRef) -> bytes:
-    return encode_identity(ref_identity("a", ref))
+    return f"a{SEP}{_ref_tail(ref)}".encode()
 
 
 def memory_key(key: str) -> bytes:

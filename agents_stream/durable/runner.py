@@ -37,10 +37,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
 from ..agent import ActionSpec, Agent
 from ..events import Event, EventError, InputEvent, TimerEvent
+from .ackfuture import resolved, then
 from .acks import acked
 from .bridge import run_bridged
 from .context import ContextConfig, RunnerContext
@@ -68,10 +70,10 @@ class OutputSink(Protocol):
 
 
 class NullSink:
+    threadsafe = True  # send may be called from the producer's thread
+
     def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
+        return resolved()
 
 
 @dataclass
@@ -205,15 +207,14 @@ class ActionRunner:
                 ref = self.store.resolve(ref)
                 ordinal += 1
                 done = self.store.done(ref)
-                outputs: list[Any] | None = None
                 if done is None:
-                    done, outputs = await self._run_action(
+                    done = await self._run_action(
                         spec, event, ref, outcome, firing, keyless=keyless
                     )
                 else:
                     outcome.actions_skipped += 1
                     await self._apply_effects_once(done)
-                await self._emit_once(done, outcome, outputs)
+                    await self._emit_once(done, outcome, None)
                 queue.extend(self._rebuild_events(done))
 
     async def _run_action(
@@ -225,8 +226,8 @@ class ActionRunner:
         firing: tuple[str, int] | None,
         *,
         keyless: bool = False,
-    ) -> tuple[ActionDone, list[Any]]:
-        """Run one action; returns its completion record (acked) and its output values.
+    ) -> ActionDone:
+        """Run one action; returns its completion record, acked, outputs sent.
 
         A keyless record has no memory and no timers: ``ctx.short_term_memory`` and
         ``ctx.timers`` raise :class:`KeylessRecordError` (all keyless records share the
@@ -263,11 +264,32 @@ class ActionRunner:
             timers=timers,
             memory_version=_version(snapshot) + 1 if changed else -1,
         )
+        if not changed and getattr(self.sink, "threadsafe", False):
+            # The common case in one wait: the outputs go out from the thread that sees
+            # ActionDone acked, the emitted marker from the one that sees them acked.
+            appended = self.store.append([done], ref.partition)
+            if ctx.outputs:
+                appended = then(appended, partial(self._send_outputs, done, ctx.outputs))
+            await acked(appended)
+            outcome.outputs.extend(ctx.outputs)
+            return done
         if not changed:
             await acked(self.store.append([done], ref.partition))
         else:
             await self._write_effects(done, base, first=[done])
-        return done, ctx.outputs
+        await self._emit_once(done, outcome, ctx.outputs)
+        return done
+
+    def _send_outputs(self, done: ActionDone, values: list[Any]) -> Future[None]:
+        """Outputs of an acked ActionDone; once they are acked, its emitted marker (not
+        awaited: a lost marker only means the outputs may be sent once more)."""
+        sent = self.sink.send(done.ref.key, values, done.ref.partition)
+        sent.add_done_callback(partial(self._mark_emitted, done))
+        return sent
+
+    def _mark_emitted(self, done: ActionDone, sent: Future[None]) -> None:
+        if sent.exception() is None:
+            self.store.append([_emitted(done)], done.ref.partition)
 
     async def _write_effects(
         self, done: ActionDone, base: dict[str, bytes], *, first: list[JournalEntry]
@@ -339,7 +361,7 @@ class ActionRunner:
             return
         await acked(self.sink.send(done.ref.key, values, done.ref.partition))
         # Not awaited: a lost marker only means the outputs may be sent once more.
-        self.store.append([replace(done, emitted=True)], done.ref.partition)
+        self.store.append([_emitted(done)], done.ref.partition)
 
     def _rebuild_events(self, done: ActionDone) -> list[Event]:
         events = []
@@ -352,6 +374,14 @@ class ActionRunner:
                 )
             events.append(cls.from_payload(sent.payload))
         return events
+
+
+def _emitted(done: ActionDone) -> ActionDone:
+    """``replace(done, emitted=True)`` without re-running the dataclass constructor (once
+    per action with outputs, on the hot path)."""
+    marked: ActionDone = object.__new__(ActionDone)
+    marked.__dict__.update(done.__dict__, emitted=True)
+    return marked
 
 
 def _version(snapshot: MemorySnapshot | None) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 
+from .ackfuture import AckFuture, resolved
 from .journal import (
     ActionDone,
     ActionRef,
@@ -27,9 +28,7 @@ from .journal import (
 
 
 def completed_future() -> Future[None]:
-    fut: Future[None] = Future()
-    fut.set_result(None)
-    return fut
+    return resolved()
 
 
 def all_of(futures: Sequence[Future[None]]) -> Future[None]:
@@ -38,7 +37,7 @@ def all_of(futures: Sequence[Future[None]]) -> Future[None]:
         return completed_future()
     if len(futures) == 1:
         return futures[0]
-    combined: Future[None] = Future()
+    combined: Future[None] = AckFuture()
     remaining = [len(futures)]
     lock = threading.Lock()
 
@@ -47,12 +46,12 @@ def all_of(futures: Sequence[Future[None]]) -> Future[None]:
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
-        if combined.done():
-            return
-        if exc is not None:
-            combined.set_exception(exc)
-        elif last:
-            combined.set_result(None)
+            if combined.done():
+                return
+            if exc is not None:
+                combined.set_exception(exc)
+            elif last:
+                combined.set_result(None)
 
     for fut in futures:
         fut.add_done_callback(one_done)

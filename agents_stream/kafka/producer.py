@@ -17,6 +17,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from ..durable.ackfuture import AckFuture
 from ..errors import KafkaIOError
 
 AckHook = Callable[[list["Ack"]], None]
@@ -79,7 +80,7 @@ class AckingProducer:
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
     ) -> Future[None]:
-        fut: Future[None] = Future()
+        fut: Future[None] = AckFuture()
         sent = time.monotonic()
 
         def delivered(err: KafkaError | None, msg: Message) -> None:

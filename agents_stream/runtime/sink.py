@@ -11,6 +11,10 @@ from ..kafka.producer import AckingProducer
 
 
 class KafkaOutputSink:
+    # The runner may call send from the producer's thread (chained on an ActionDone ack):
+    # producing is thread-safe and the codecs keep no per-call state.
+    threadsafe = True
+
     def __init__(self, producer: AckingProducer, topic: str, codec: Any) -> None:
         self._producer = producer
         self._topic = topic

@@ -215,6 +215,7 @@ class Worker:
             worker_id=self.worker_id,
             executor=self._pool,
             on_timers=self.timers.add,
+            cancel=self._cancel,
         )
         assert self.kit.producer is not None and self.kit.dlq is not None
         self.producer = self.kit.producer
@@ -254,7 +255,9 @@ class Worker:
         conf = consumer_config(self.broker, app.id, app.consumer_config)
         conf["enable.partition.eof"] = True  # arms held timers of caught-up partitions
         self.consumer = Consumer(conf)
-        self.consumer.subscribe(inputs, on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self.consumer.subscribe(
+            inputs, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
         for hook in self.setup_hooks:
             hook(self)
 
@@ -577,6 +580,13 @@ class Worker:
 
     # -- rebalance (kafka thread) ---------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
+        partitions already owned keep running meanwhile. Under an eager assignor it is
+        the whole assignment, after a revoke of the whole previous one."""
+        from ..state.recovery import RebuildCancelled
+
+        if not partitions:
+            return  # a cooperative rebalance that added nothing here
         started = time.monotonic()
         replayed = 0
         self.rebuilding = len(partitions)
@@ -586,7 +596,15 @@ class Worker:
                 for tp in partitions
                 if tp.topic in self._agents and self._state_refs[tp.partition] == 0
             }
-            replayed = self.store.assign(*sorted(fresh)) if fresh else 0
+            try:
+                replayed = self.store.assign(*sorted(fresh)) if fresh else 0
+            except RebuildCancelled as exc:
+                # Stopping: none of them becomes owned, so their records are ignored and
+                # nothing is committed for them; the next owner rebuilds from the
+                # checkpoints this rebuild reached.
+                self.rebuilding = 0
+                log.info("not taking %s: %s", _fmt(partitions), exc)
+                return
         for tp in partitions:
             if tp.topic in self._agents and self.store is not None:
                 if self._state_refs[tp.partition] == 0:
@@ -632,7 +650,11 @@ class Worker:
         else:
             self._completed_through[(topic, partition)] = marker.offset
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(
+        self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool = False
+    ) -> None:
+        """Incremental (cooperative-sticky): only the partitions taken away; the others
+        keep running. ``lost``: see :meth:`_on_lost`."""
         revoked = {(tp.topic, tp.partition) for tp in partitions} & self._owned
         if not revoked:
             return
@@ -643,7 +665,7 @@ class Worker:
             self._quiesce(revoked), self._loop
         ).result()
         committed: dict[tuple[str, int], int] = {}
-        if offsets:
+        if offsets and not lost:
             try:
                 self._commit_offsets(offsets)
                 committed = offsets
@@ -662,7 +684,20 @@ class Worker:
                 if self._state_refs[partition] <= 0:
                     self._state_refs.pop(partition, None)
                     self.store.revoke(partition)
-        log.info("revoked %s (%d in-flight records abandoned)", _fmt(partitions), abandoned)
+        log.info(
+            "%s %s (%d in-flight records abandoned)",
+            "lost" if lost else "revoked",
+            _fmt(partitions),
+            abandoned,
+        )
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions taken without a revoke (this member's session expired, e.g. after
+        a stall): another member may own them already, so neither offsets nor
+        completed-through markers are written for them; their uncommitted records run
+        again on the new owner, calls replayed from the journal."""
+        log.warning("lost %s without a revoke (session expired?)", _fmt(partitions))
+        self._on_revoke(consumer, partitions, lost=True)
 
     async def _quiesce(
         self, revoked: set[tuple[str, int]]

@@ -14,6 +14,12 @@ from pathlib import Path
 from rocksdict import Options, Rdict, WriteBatch
 
 CHECKPOINT_KEY = b"\x00checkpoint"
+# Set once the partition holds an entry keyed in the pre-v5 (topic-less) layout: until
+# then no action run can continue under a legacy identity, and the store skips the
+# lookups that would find one (two RocksDB reads and two scans per action run).
+LEGACY_KEY = b"\x00legacy"
+_RECORD_KINDS = frozenset(b"cat")  # first byte of call, done and truncation keys
+_SEP = b"\x1f"
 
 
 class PartitionCache:
@@ -25,6 +31,11 @@ class PartitionCache:
         opts.create_if_missing(True)
         self.path = path
         self.db = Rdict(str(path), options=opts)
+        flag = self.db.get(LEGACY_KEY)
+        if flag is None:  # a cache written before the flag existed: look once
+            flag = b"1" if self._scan_legacy() else b"0"
+            self.db[LEGACY_KEY] = flag
+        self.has_legacy = flag == b"1"
 
     @property
     def checkpoint(self) -> int:
@@ -33,14 +44,36 @@ class PartitionCache:
 
     def apply(self, records: Sequence[tuple[bytes, bytes | None]], next_offset: int) -> None:
         batch = WriteBatch(raw_mode=True)
+        legacy = self.has_legacy
         for key, value in records:
             if value is None:
                 batch.delete(key)
             else:
                 batch.put(key, value)
+                if not legacy and _is_legacy(key):
+                    legacy = True
+                    batch.put(LEGACY_KEY, b"1")
         if next_offset > self.checkpoint:
             batch.put(CHECKPOINT_KEY, str(next_offset).encode())
         self.db.write(batch)
+        self.has_legacy = legacy
+
+    def _scan_legacy(self) -> bool:
+        it = self.db.iter()
+        try:
+            for kind in sorted(_RECORD_KINDS):
+                prefix = bytes([kind]) + _SEP
+                it.seek(prefix)
+                while it.valid():
+                    key = it.key()
+                    if not key.startswith(prefix):
+                        break
+                    if _is_legacy(key):
+                        return True
+                    it.next()
+            return False
+        finally:
+            del it
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         out = []
@@ -61,3 +94,12 @@ class PartitionCache:
     def destroy(self) -> None:
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _is_legacy(key: bytes) -> bool:
+    """A call/done/truncation key without the input topic (``kind key seq action ...``):
+    its fourth field is the action id, which always contains ``#`` (topics never do)."""
+    if not key or key[0] not in _RECORD_KINDS:
+        return False
+    parts = key.split(_SEP, 4)
+    return len(parts) > 3 and b"#" in parts[3]

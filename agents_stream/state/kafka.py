@@ -102,6 +102,12 @@ class KafkaActionStateStore(ActionStateStore):
         return cache
 
     # -- reads --------------------------------------------------------------------------
+    def resolve(self, ref: ActionRef) -> ActionRef:
+        cache = self._caches.get(ref.partition)
+        if cache is not None and not cache.has_legacy:
+            return ref  # no pre-v5 entry in this partition: nothing to continue
+        return super().resolve(ref)
+
     def _decode(self, key: bytes, value: bytes) -> JournalEntry:
         return self._codec.decode(key, value)
 

@@ -1,0 +1,154 @@
+"""AckFuture: a ``concurrent.futures.Future`` cheap enough for one per journal record.
+
+The stock Future allocates a ``threading.Condition`` (a lock and a waiter list) per
+instance and takes it on every call; a worker creates a few per input record, so that
+was a measurable share of the hot path. An acknowledgement is never cancelled and is
+rarely waited on by a blocked thread (the event loop awaits it through a done callback),
+so this one shares one module lock for its short critical sections and creates a
+``threading.Event`` only when a thread actually blocks in :meth:`result`.
+
+It is a drop-in for the uses this library makes of futures: ``done``, ``result``,
+``exception`` (with timeouts), ``add_done_callback``, ``set_result``/``set_exception``,
+and ``asyncio.wrap_future``. ``concurrent.futures.wait``/``as_completed`` are not
+supported (they rely on the stock Future's internals).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future, InvalidStateError
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_LOCK = threading.Lock()
+_PENDING, _DONE = 0, 1
+log = logging.getLogger("agents_stream.durable")
+
+
+class AckFuture(Future[T]):
+    def __init__(self) -> None:  # no super().__init__: no Condition
+        self._ack_state = _PENDING
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Future[T]], object]] | None = None
+        self._event: threading.Event | None = None
+
+    def __repr__(self) -> str:
+        state = "pending" if self._ack_state == _PENDING else "finished"
+        return f"<AckFuture at {id(self):#x} state={state}>"
+
+    # -- state ------------------------------------------------------------------------
+    def done(self) -> bool:
+        return self._ack_state == _DONE
+
+    def cancel(self) -> bool:
+        return False  # an append in flight cannot be taken back
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return False
+
+    def set_running_or_notify_cancel(self) -> bool:
+        return True
+
+    # -- reading ----------------------------------------------------------------------
+    def _wait(self, timeout: float | None) -> None:
+        if self._ack_state == _DONE:
+            return
+        with _LOCK:
+            if self._ack_state == _DONE:
+                return
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if not event.wait(timeout):
+            raise TimeoutError()
+
+    def result(self, timeout: float | None = None) -> T:
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
+        if self._ack_state != _DONE:
+            with _LOCK:
+                if self._ack_state != _DONE:
+                    if self._callbacks is None:
+                        self._callbacks = [fn]
+                    else:
+                        self._callbacks.append(fn)
+                    return
+        self._call(fn)
+
+    # -- resolving --------------------------------------------------------------------
+    def set_result(self, result: T) -> None:
+        self._finish(result, None)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._finish(None, exception or CancelledError())
+
+    def _finish(self, value: Any, error: BaseException | None) -> None:
+        with _LOCK:
+            if self._ack_state == _DONE:
+                raise InvalidStateError(f"{self!r} is already finished")
+            self._value, self._error = value, error
+            self._ack_state = _DONE
+            callbacks, self._callbacks = self._callbacks, None
+            event = self._event
+        if event is not None:
+            event.set()
+        if callbacks:
+            for fn in callbacks:
+                self._call(fn)
+
+    def _call(self, fn: Callable[[Future[T]], object]) -> None:
+        try:
+            fn(self)
+        except Exception:  # as the stock Future: a callback's bug is logged, not raised
+            log.exception("exception calling callback for %r", self)
+
+
+def then(first: Future[None], step: Callable[[], Future[None]]) -> Future[None]:
+    """A future for ``step()`` started once ``first`` succeeded, in the thread that
+    resolves ``first`` (no event-loop round trip between the two). An error of either,
+    or raised by ``step``, fails the result."""
+    out: AckFuture[None] = AckFuture()
+
+    def relay(fut: Future[None]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(None)
+
+    def start(fut: Future[None]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            following = step()
+        except Exception as err:
+            out.set_exception(err)
+            return
+        following.add_done_callback(relay)
+
+    first.add_done_callback(start)
+    return out
+
+
+def resolved() -> AckFuture[None]:
+    """An already acknowledged future (nothing to append)."""
+    fut: AckFuture[None] = AckFuture()
+    fut._ack_state = _DONE
+    return fut

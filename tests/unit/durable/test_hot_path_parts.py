@@ -1,0 +1,125 @@
+"""The hot path's shortcuts agree with the plain definitions they replace."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agents_stream.durable import keys
+from agents_stream.durable.ackfuture import AckFuture, resolved, then
+from agents_stream.durable.journal import (
+    ActionDone,
+    ActionRef,
+    CallEntry,
+    CallStatus,
+    entry_key,
+    ref_identity,
+)
+from agents_stream.durable.store import all_of
+
+text = st.text(st.characters(blacklist_characters="\x1f", blacklist_categories=("Cs",)))
+refs = st.builds(
+    ActionRef,
+    key=text,
+    seq=st.integers(-(2**63), 2**63 - 1),
+    action=text.map(lambda a: a + "#0"),
+    partition=st.integers(0, 1000),
+    topic=st.one_of(st.just(""), text.filter(lambda t: "#" not in t)),
+)
+
+
+@given(refs, st.integers(0, 10_000))
+def test_cached_keys_equal_the_generic_encoding(ref: ActionRef, index: int) -> None:
+    for _ in range(2):  # computed, then from the per-ref cache
+        assert keys.done_key(ref) == keys.encode_identity(ref_identity("a", ref))
+        assert keys.call_key(ref, index) == keys.encode_identity(ref_identity("c", ref, index))
+        assert keys.calls_prefix(ref) == keys.encode_identity(ref_identity("c", ref)) + b"\x1f"
+    call = CallEntry(ref, index, "f", "d", CallStatus.PENDING)
+    done = ActionDone(ref)
+    assert keys.entry_key_bytes(call) == keys.encode_identity(entry_key(call))
+    assert keys.entry_key_bytes(done) == keys.encode_identity(entry_key(done))
+    assert keys.call_key(ref, index).startswith(keys.calls_prefix(ref))
+
+
+def test_the_key_cache_is_not_part_of_the_ref() -> None:
+    a, b = ActionRef("k", 1, "A.f#0", 0, "t"), ActionRef("k", 1, "A.f#0", 0, "t")
+    keys.done_key(a)
+    assert a == b and hash(a) == hash(b) and repr(a) == repr(b)
+
+
+# -- AckFuture ----------------------------------------------------------------------------
+def test_ack_future_resolves_callbacks_and_waiters_once() -> None:
+    fut: AckFuture[int] = AckFuture()
+    seen: list[int] = []
+    fut.add_done_callback(lambda f: seen.append(f.result()))
+    assert not fut.done() and not fut.cancel() and not fut.cancelled()
+    with pytest.raises(TimeoutError):
+        fut.result(timeout=0.01)
+    threading.Timer(0.05, fut.set_result, (7,)).start()
+    assert fut.result(timeout=5) == 7
+    fut.add_done_callback(lambda f: seen.append(-f.result()))  # after: runs at once
+    assert seen == [7, -7] and fut.exception() is None
+    with pytest.raises(Exception, match="already finished"):
+        fut.set_result(8)
+
+
+def test_ack_future_errors_and_raising_callbacks() -> None:
+    fut: AckFuture[None] = AckFuture()
+    fut.add_done_callback(lambda f: 1 / 0)  # logged, the next callback still runs
+    later: list[BaseException | None] = []
+    fut.add_done_callback(lambda f: later.append(f.exception()))
+    error = OSError("nope")
+    fut.set_exception(error)
+    assert later == [error] and fut.exception() is error
+    with pytest.raises(OSError, match="nope"):
+        fut.result()
+
+
+def test_ack_future_under_asyncio_wrap_future() -> None:
+    async def main() -> int:
+        fut: AckFuture[int] = AckFuture()
+        threading.Timer(0.02, fut.set_result, (3,)).start()
+        return await asyncio.wrap_future(fut)
+
+    assert asyncio.run(main()) == 3
+
+
+def test_then_runs_the_step_after_success_only() -> None:
+    first: AckFuture[None] = AckFuture()
+    second: AckFuture[None] = AckFuture()
+    chained = then(first, lambda: second)
+    first.set_result(None)
+    assert not chained.done()
+    second.set_result(None)
+    assert chained.result(0) is None
+
+    failed: AckFuture[None] = AckFuture()
+    ran: list[int] = []
+    chained = then(failed, lambda: ran.append(1) or resolved())  # type: ignore[func-returns-value]
+    failed.set_exception(OSError("ack"))
+    assert ran == [] and isinstance(chained.exception(0), OSError)
+
+    def boom() -> Future[None]:
+        raise ValueError("encode")
+
+    chained = then(resolved(), boom)
+    assert isinstance(chained.exception(0), ValueError)
+
+
+def test_all_of_concurrent_failures_resolve_once() -> None:
+    parts: list[Future[None]] = [AckFuture() for _ in range(50)]
+    combined = all_of(parts)
+    threads = [
+        threading.Thread(target=p.set_exception, args=(OSError(str(i)),))
+        for i, p in enumerate(parts)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert isinstance(combined.exception(5), OSError)
