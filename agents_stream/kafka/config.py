@@ -201,6 +201,9 @@ def reader_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> di
         # librdkafka backs off 1 s between fetches once its queue is full; replay wants
         # the next fetch right away.
         "fetch.queue.backoff.ms": 10,
+        # The end of a partition is learned from a fetch answered empty, which the broker
+        # holds this long (default 500 ms): a caught-up cache took 0.5 s per assignment.
+        "fetch.wait.max.ms": 10,
         "log_level": 3,
     }
     return _layered("reader", conf, bootstrap, overrides)
