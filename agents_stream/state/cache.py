@@ -7,11 +7,13 @@ next topic offset it reflects (its checkpoint), so that a rebuild replays only t
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteBufferManager
 
 CHECKPOINT_KEY = b"\x00checkpoint"
 # Set once the partition holds an entry keyed in the pre-v5 (topic-less) layout: until
@@ -22,15 +24,53 @@ _RECORD_KINDS = frozenset(b"cat")  # first byte of call, done and truncation key
 _SEP = b"\x1f"
 
 
+MEMORY_ENV = "AGENTS_STREAM_CACHE_MEMORY_MB"
+DEFAULT_MEMORY_MB = 64
+
+_shared: tuple[Cache, WriteBufferManager] | None = None
+_shared_lock = threading.Lock()
+
+
+def _memory() -> tuple[Cache, WriteBufferManager]:
+    """One block cache and one memtable budget for every partition cache of the process.
+
+    RocksDB's defaults are per database (64 MB memtables, twice, plus a block cache), so
+    a worker owning many partitions grew by hundreds of MB while draining a backlog.
+    Memtables are costed to the shared cache, so the caches together stay near
+    ``AGENTS_STREAM_CACHE_MEMORY_MB`` (default 64) however many partitions are owned.
+    """
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            budget = int(float(os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_MB) * 1024 * 1024)
+            cache = Cache(budget)
+            _shared = (
+                cache,
+                WriteBufferManager.new_write_buffer_manager_with_cache(budget // 2, False, cache),
+            )
+        return _shared
+
+
+def _options() -> Options:
+    cache, memtables = _memory()
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    table = BlockBasedOptions()
+    table.set_block_cache(cache)
+    opts.set_block_based_table_factory(table)
+    opts.set_write_buffer_manager(memtables)
+    opts.set_write_buffer_size(8 * 1024 * 1024)
+    opts.set_max_write_buffer_number(2)
+    return opts
+
+
 class PartitionCache:
     """RocksDB view of one ActionState partition."""
 
     def __init__(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
         self.path = path
-        self.db = Rdict(str(path), options=opts)
+        self.db = Rdict(str(path), options=_options())
         flag = self.db.get(LEGACY_KEY)
         if flag is None:  # a cache written before the flag existed: look once
             flag = b"1" if self._scan_legacy() else b"0"
