@@ -1,13 +1,12 @@
 """AgentHost: one agent bound to its input topic, as the worker runs it.
 
 Per input record: decode the value (undecodable -> ``<input>-dlq``, stage ``decode``),
-run the agent's actions through the durable ActionRunner, and apply the error policy:
-
-* a journal that cannot be read or a strict-mode divergence is fatal: the worker stops
-  without committing the record, so no state is guessed;
-* any other exception escaping an action is logged with key and offset, then either the
-  record goes to ``<input>-dlq`` (stage ``action``) and processing goes on
-  (``App(on_error="dlq")``), or the worker stops (``on_error="fail"``).
+run the agent's actions through the durable ActionRunner, and apply the record error
+policy every host shares (``host/policy.py``): a journal that cannot be read
+or a strict-mode divergence stops the worker without committing the record; any other
+exception is logged once (topic, partition, offset, key), then the record goes to
+``<input>-dlq`` (stage ``action``) and processing goes on (``App(on_error="dlq")``), or
+the worker stops (``on_error="fail"``).
 
 ``handle`` returns only when the record is finished (actions done, outputs and journal
 acked, or the dead letter acked): the worker commits offsets on that signal.
@@ -25,9 +24,9 @@ from confluent_kafka import Message
 
 from ..app import AgentBinding
 from ..durable.acks import acked
-from ..durable.errors import FATAL_ERRORS as FATAL
 from ..durable.journal import TimerEntry
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
+from ..host.policy import judge, record_where
 from .dlq import REPLAY_HEADER, DeadLetters, original_identity
 from .logs import record_fields
 
@@ -96,9 +95,10 @@ class AgentHost:
         )
         outcome = await self._guarded(
             self.runner.run(record),
-            f"action of {self.name} raised on {msg.topic()}[{msg.partition()}]@{msg.offset()} "
-            f"key={key!r}",
+            f"action of {self.name} raised on "
+            + record_where(msg.topic(), msg.partition(), msg.offset(), key),
             fields,
+            dead_letter_to=f"{msg.topic()}-dlq",
         )
         if isinstance(outcome, BaseException):
             await self._dead_letter(msg, "action", outcome)
@@ -147,20 +147,30 @@ class AgentHost:
         self._count(outcome)
 
     async def _guarded(
-        self, run: Awaitable[RecordOutcome], what: str, fields: dict[str, Any] | None = None
+        self,
+        run: Awaitable[RecordOutcome],
+        what: str,
+        fields: dict[str, Any] | None = None,
+        *,
+        dead_letter_to: str | None = None,
     ) -> RecordOutcome | BaseException:
-        """Apply the error policy; an exception returned means "dead-letter or drop it"."""
+        """Apply the error policy (host/policy.py); an exception returned means
+        "dead-letter or drop it"."""
         try:
             return await run
         except asyncio.CancelledError:
             raise
-        except FATAL as exc:
-            log.critical("%s; stopping the worker", exc, extra=fields)
-            self._on_fatal(exc)
-            raise
         except Exception as exc:
-            log.error("%s: %r", what, exc, exc_info=exc, extra=fields)
-            if self._on_error == "fail":
+            verdict = judge(
+                log,
+                exc,
+                what,
+                self._on_error,
+                host="worker",
+                dead_letter_to=dead_letter_to,
+                extra=fields,
+            )
+            if verdict.stops:
                 self._on_fatal(exc)
                 raise
             return exc
