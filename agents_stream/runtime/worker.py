@@ -8,9 +8,12 @@ Commit protocol (every ``commit_interval`` and on revoke/shutdown):
   1. per partition, the committable offset is the lowest offset whose record is not
      finished (a record finishes when all its actions completed and their outputs and
      journal records were acknowledged);
-  2. commit those offsets synchronously;
+  2. commit those offsets: asynchronously every ``commit_interval`` (a synchronous
+     commit waits for a rebalance in progress, ~3 s measured, and would stall the
+     partitions that did not move), synchronously on revoke and shutdown;
   3. append an InputProgress marker (completed-through = the committed offset) per
-     agent input partition to its ActionState partition and wait for the ack;
+     agent input partition to its ActionState partition and wait for the ack (the
+     marker states that those records finished, whether or not the commit landed);
   4. only then tombstone the ActionStates of records below the committed offsets
      (pruning): once a record's journal is gone, the durable marker is what says it is
      done, even if the group's offsets are reset later.
@@ -254,6 +257,7 @@ class Worker:
         }
         conf = consumer_config(self.broker, app.id, app.consumer_config)
         conf["enable.partition.eof"] = True  # arms held timers of caught-up partitions
+        conf.setdefault("on_commit", self._commit_done)
         self.consumer = Consumer(conf)
         self.consumer.subscribe(
             inputs, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
@@ -509,7 +513,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.app.commit_interval)
             try:
-                await self._commit(None)
+                await self._commit(None, asynchronous=True)
             except KafkaIOError as exc:
                 log.warning("commit failed (will retry): %s", exc)
             except Exception as exc:
@@ -523,12 +527,14 @@ class Worker:
                 self._fail(exc)
                 return
 
-    async def _commit(self, only: set[tuple[str, int]] | None) -> None:
-        """Steps 1-3 of the commit protocol; runs on the loop, commits on the kafka thread."""
+    async def _commit(
+        self, only: set[tuple[str, int]] | None, *, asynchronous: bool = False
+    ) -> None:
+        """Steps 1-4 of the commit protocol; runs on the loop, commits on the kafka thread."""
         offsets = self._committable(only)
         if not offsets:
             return
-        await self._on_kafka(self._commit_offsets, offsets)
+        await self._on_kafka(self._commit_offsets, offsets, asynchronous)
         marked = await self._mark_progress(offsets)
         done = self._committed(offsets)
         if marked:  # unmarked: the records stay journaled, which is safe
@@ -542,15 +548,39 @@ class Worker:
             if (only is None or tp in only) and tp in self._owned
         }
 
-    def _commit_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
-        """Kafka thread: commit the snapshot synchronously."""
+    def _commit_offsets(
+        self, offsets: dict[tuple[str, int], int], asynchronous: bool = False
+    ) -> None:
+        """Kafka thread: commit the snapshot (an asynchronous commit's failure is logged
+        by :meth:`_commit_done` and retried by the next commit)."""
         try:
             self.consumer.commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                asynchronous=False,
+                asynchronous=asynchronous,
             )
         except Exception as exc:
             raise KafkaIOError(f"offset commit failed: {exc}") from exc
+
+    def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Kafka thread (served by the consumer's poll): a failed commit is logged and
+        its partitions made committable again, so the next commit retries them."""
+        failed = list(partitions) if err is not None else [p for p in partitions if p.error]
+        if not failed:
+            return
+        log.warning(
+            "offset commit failed for %s (retried by the next commit): %s",
+            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in failed),
+            err or failed[0].error,
+        )
+        if self._loop is not None:
+            retry = [(tp.topic, tp.partition, tp.offset) for tp in failed]
+            self._loop.call_soon_threadsafe(self._uncommit, retry)
+
+    def _uncommit(self, failed: list[tuple[str, int, int]]) -> None:
+        for topic, partition, offset in failed:
+            tracker = self.offsets.partitions.get((topic, partition))
+            if tracker is not None and offset >= 0:
+                tracker.committed = min(tracker.committed, offset - 1)
 
     def _committed(
         self, offsets: dict[tuple[str, int], int]

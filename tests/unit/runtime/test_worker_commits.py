@@ -15,6 +15,7 @@ import threading
 from collections import defaultdict
 
 import pytest
+from confluent_kafka import KafkaError, TopicPartition
 
 from agents_stream import Agent, App, InputEvent, RunnerContext, action
 from agents_stream.durable.store import completed_future
@@ -37,9 +38,10 @@ class FakeConsumer:
         self.commits: list[dict[tuple[str, int], int]] = []
         self.gate: threading.Event | None = None  # set: commit returns
         self.entered = threading.Event()
+        self.modes: list[bool] = []  # asynchronous= of each commit call
 
     def commit(self, offsets, asynchronous):
-        assert asynchronous is False
+        self.modes.append(asynchronous)
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(5), "test never released the commit"
@@ -189,6 +191,35 @@ def test_a_kafka_commit_error_is_retried(tmp_path, caplog):
         asyncio.run(main())
     assert consumer.commits == [{TP: 1}]
     assert "will retry" in caplog.text and worker.exit_code == 0
+    # The periodic commit does not wait for the broker (a rebalance in progress would
+    # stall every partition's commit loop behind it).
+    assert set(consumer.modes) == {True}
+
+
+def test_a_failed_asynchronous_commit_is_retried(tmp_path, caplog):
+    """The broker's answer to an asynchronous commit arrives in the commit callback: a
+    failure makes its offsets committable again."""
+    consumer = FakeConsumer()
+    worker = make_worker(tmp_path, consumer)
+
+    async def main():
+        await bind(worker)
+        worker._loop = asyncio.get_running_loop()
+        finish(worker, 0, "k")
+        await worker._commit(None, asynchronous=True)
+        assert worker._committable(None) == {}
+        worker._commit_done(None, [TopicPartition(*TP, 1)])  # landed: nothing to redo
+        await asyncio.sleep(0.01)
+        assert worker._committable(None) == {}
+        error = KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
+        worker._commit_done(error, [TopicPartition(*TP, 1)])
+        await asyncio.sleep(0.01)  # the retry mark is made on the loop
+        assert worker._committable(None) == {TP: 1}
+        worker._kafka.shutdown(wait=True)
+
+    with caplog.at_level(logging.WARNING, "agents_stream.worker"):
+        asyncio.run(main())
+    assert "retried by the next commit" in caplog.text
 
 
 @pytest.mark.parametrize(
