@@ -28,6 +28,7 @@ from ..durable.journal import (
     action_ordinal,
 )
 from ..durable.keys import decode_identity
+from ..durable.values import MAGIC, VERSION
 from ..errors import AgentsStreamError, ConfigurationError, KafkaIOError
 from ..serde.journal import JournalCodec, default_journal_codec
 from .common import add_app_args, configure_clients, load_app, setup_logging
@@ -275,6 +276,8 @@ def _outcome(call: CallEntry) -> str:
 def _short(data: bytes | None) -> str:
     if data is None:
         return "(deleted)"
+    if data[:2] == MAGIC + VERSION:  # the exact value encoding: show its tagged JSON
+        data = data[2:]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

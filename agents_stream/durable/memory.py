@@ -3,15 +3,18 @@
 Updates are buffered while the action runs and applied once, atomically, when it
 completes (journaled in its ActionDone and in the key's MemorySnapshot), so a crashed
 action leaves no half-applied memory and a completed one is never applied twice.
+
+Values are in the journaled value domain (:mod:`.values`, the same as call results), so
+``get`` returns exactly what was ``set``, types included, in this action or any later
+one after a restart; snapshots written as plain JSON by earlier versions still read.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
-from .errors import CodeBlockViolation
+from .values import decode_value, encode_value
 
 _MISSING = object()
 
@@ -27,14 +30,14 @@ class ShortTermMemory:
         raw = self._updates.get(name, _MISSING)
         if raw is _MISSING:
             raw = self._base.get(name)
-        return default if raw is None else json.loads(raw)  # type: ignore[arg-type]
+        return default if raw is None else decode_value(raw)  # type: ignore[arg-type]
 
     def set(self, name: str, value: Any) -> None:
         self._guard("short_term_memory.set")
-        try:
-            self._updates[name] = json.dumps(value, separators=(",", ":")).encode()
-        except TypeError as exc:
-            raise CodeBlockViolation(f"memory value for {name!r} is not JSON: {exc}") from exc
+        # The journaled value domain, like call results: what get() returns after a
+        # restart equals what was set, types included (JSON alone made a tuple a list
+        # and {1: 5} {"1": 5}). Snapshots written as plain JSON still read.
+        self._updates[name] = encode_value(value, where=f"short_term_memory[{name!r}]")
 
     def delete(self, name: str) -> None:
         self._guard("short_term_memory.delete")

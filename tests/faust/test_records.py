@@ -19,6 +19,7 @@ from agents_stream.state.memory import InMemoryActionStateStore
 
 faust = pytest.importorskip("faust")
 
+from agents_stream.durable.values import encode_value  # noqa: E402
 from agents_stream.faust import FaustRecordHandler, durable_agent, record_input, record_key  # noqa: E402
 
 EFFECTS: list[str] = []
@@ -158,7 +159,7 @@ def test_completed_record_re_consumed_is_skipped_without_second_output():
     assert run(handler.handle(FakeEvent({"n": 2}, offset=5))) is True
     assert handler.stats["actions_skipped"] == 1
     assert len(EFFECTS) == 1 and len(host.sink.sent) == 1
-    assert host.store.memory("k", 0).values == {"count": b"1"}
+    assert host.store.memory("k", 0).values == {"count": encode_value(1)}
 
 
 def test_failing_action_is_dead_lettered_then_acked():
@@ -229,7 +230,7 @@ def test_durable_agent_inside_faust_test_context(tmp_path):
         ("c-1", [{"n": 1, "receipt": "charged-1"}]),
         ("c-1", [{"n": 2, "receipt": "charged-2"}]),
     ]
-    assert store.memory("c-1", 0).values == {"count": b"2"}
+    assert store.memory("c-1", 0).values == {"count": encode_value(2)}
     assert durable.stats["records"] == 2
 
 

@@ -30,6 +30,7 @@ from agents_stream.durable.journal import (
     entry_key,
 )
 from agents_stream.durable.payload import JSON
+from agents_stream.durable.values import decode_value, encode_value
 from agents_stream.state import InMemoryActionStateStore
 
 POOL = ThreadPoolExecutor(4)
@@ -116,7 +117,7 @@ def test_firing_runs_timer_actions_then_removes_timer_and_its_entries():
     assert store.timers(2) == []
     # the firing's call and done entries are pruned with the timer, memory is kept
     assert not [k for k in (entry_key(e) for e in store.entries()) if k[0] != "m" and k[2] == -701]
-    assert store.memory("k", 2).values["fired"] == b"1"
+    assert decode_value(store.memory("k", 2).values["fired"]) == 1
     # fired once: a second firing of the same timer is a no-op
     again = asyncio.run(r.run_timer("k", 2, "event", 700))
     assert not again.timer_fired and EFFECTS == [("event-a", 700), ("event-b", 700)]
@@ -214,7 +215,7 @@ def test_recovery_rewrites_effects_when_the_snapshot_was_lost():
     assert outcome.actions_skipped == 1
     assert lost.timers(2) == [timer("processing", 500)] and seen == lost.timers(2)
     snap = lost.memory("k", 2)
-    assert snap.version == 0 and snap.values == {"n": b"1"}
+    assert snap.version == 0 and snap.values == {"n": encode_value(1)}
 
 
 def test_recovery_of_a_deletion():
