@@ -4,33 +4,11 @@ Threads: the asyncio loop runs actions; one "kafka" thread makes every consumer 
 (librdkafka consumers are not thread-safe), including rebalance callbacks; the producer
 polls delivery reports on its own thread.
 
-Commit protocol (every ``commit_interval`` and on revoke/shutdown):
-  1. per partition, the committable offset is the lowest offset whose record is not
-     finished (a record finishes when all its actions completed and their outputs and
-     journal records were acknowledged);
-  2. commit those offsets: asynchronously every ``commit_interval`` (a synchronous
-     commit waits for a rebalance in progress, ~3 s measured, and would stall the
-     partitions that did not move), synchronously on revoke and shutdown;
-  3. append an InputProgress marker (completed-through = the committed offset) per
-     agent input partition to its ActionState partition and wait for the ack (the
-     marker states that those records finished, whether or not the commit landed);
-  4. only then tombstone the ActionStates of records below the committed offsets
-     (pruning): once a record's journal is gone, the durable marker is what says it is
-     done, even if the group's offsets are reset later.
-
-On assign, the partition's marker is read after the cache rebuild; records below it
-are skipped (not run, not output) and committed past, unless ``App(rerun_completed=True)``.
-
-Commit bookkeeping (offsets, finished records) lives on the loop thread, where records
-finish; the kafka thread only receives snapshots. A commit loop that dies of anything
-but a Kafka error stops the worker with exit code 1.
-
-Rebalance protocol (on revoke): stop taking records of the revoked partitions and firing
-their timers, drain their in-flight records and firings up to ``shutdown_timeout``
-(abandon the rest: they were not committed, and replay from the journal on the next
-owner), commit, forget their bookkeeping, prune, close their caches.
-On assign: catch up each partition's RocksDB cache from the ActionState topic before any
-record of it is processed.
+The worker is three units, one per module: this one (setup, the consumer loop that
+dispatches records to the execution controller, timers, shutdown), the commit protocol
+(``worker_commits.py``: commit loop, completed-through markers, pruning) and
+rebuild-on-assign with revoke/lost handling (``worker_rebalance.py``). The latter two
+are mixins of :class:`Worker`: they share its bookkeeping, each owns one protocol.
 
 Timers (see ``timers.py``): on assign a partition's live timers are loaded held; the
 partition is armed once the consumer reached the input end offset seen at assign (or a
@@ -57,11 +35,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message
 
 from ..app import App
-from ..durable.acks import acked
-from ..durable.journal import InputProgress, TimerEntry
+from ..durable.journal import TimerEntry
 from ..errors import ConfigurationError, KafkaIOError
 from ..host.kit import DurableHost
 from ..kafka.admin import (
@@ -77,15 +54,17 @@ from .agent_host import AgentHost
 from .async_io import AsyncIOHost
 from .controller import ExecutionController
 from .offsets import OffsetTracker
-from .timers import TimerService, input_end
+from .timers import TimerService
 from .watermarks import WatermarkGenerator
+from .worker_commits import CommitProtocol
+from .worker_rebalance import Rebalancing
 
 log = logging.getLogger("agents_stream.worker")
 
 TIMER_TICK = 0.05  # seconds between processing-time timer checks
 
 
-class Worker:
+class Worker(CommitProtocol, Rebalancing):
     """Runs ``app`` until stopped (SIGTERM/SIGINT or :meth:`stop`).
 
     Args:
@@ -419,47 +398,6 @@ class Worker:
                 topic, partition, marker - offset, marker,
             )  # fmt: skip
 
-    async def _mark_progress(self, offsets: dict[tuple[str, int], int]) -> bool:
-        """Step 3: completed-through markers of the committed agent partitions; True when
-        acked (pruning may go on), False when it must wait for the next commit."""
-        markers = self._progress_markers(offsets)
-        if not markers:
-            return True
-        try:
-            for marker in markers:
-                await acked(self.store.append([marker], marker.partition))  # type: ignore[union-attr]
-        except Exception as exc:
-            log.warning("completed-through marker not written (not pruning yet): %s", exc)
-            return False
-        return True
-
-    def _progress_markers(self, offsets: dict[tuple[str, int], int]) -> list[InputProgress]:
-        if self.store is None:
-            return []
-        now = int(time.time() * 1000)
-        out = []
-        for (topic, partition), position in offsets.items():
-            if topic not in self._agents:
-                continue
-            # Never move a marker back (offsets reset below it re-commit lower positions).
-            position = max(position, self._marker_floor.get((topic, partition), 0))
-            self._marker_floor[(topic, partition)] = position
-            out.append(InputProgress(topic, partition, position, now, self.worker_id))
-        return out
-
-    def _mark_progress_blocking(self, offsets: dict[tuple[str, int], int]) -> bool:
-        """Kafka thread (revoke): :meth:`_mark_progress` waiting on the acks directly."""
-        markers = self._progress_markers(offsets)
-        try:
-            for marker in markers:
-                self.store.append([marker], marker.partition).result(  # type: ignore[union-attr]
-                    timeout=self.shutdown_timeout
-                )
-        except Exception as exc:
-            log.warning("completed-through marker not written on revoke: %s", exc)
-            return False
-        return True
-
     def _watermark_done(self, topic: str, watermark: int) -> None:
         """Every record before this watermark has finished: event time has advanced, and
         the event-time timers of the topic's agent up to it fire."""
@@ -502,262 +440,6 @@ class Worker:
         self.exit_code = 1
         assert self._stopping is not None
         self._stopping.set()
-
-    # -- commits ------------------------------------------------------------------------
-    # Offsets and finished records are bookkept on the loop, where records finish; only
-    # snapshots cross to the kafka thread, so no dict is iterated while another thread
-    # mutates it.
-    async def _commit_loop(self) -> None:
-        """Commit every ``commit_interval``; a failure other than Kafka's is fatal, since
-        a dead commit loop would let the worker run on without ever committing."""
-        while True:
-            await asyncio.sleep(self.app.commit_interval)
-            try:
-                await self._commit(None, asynchronous=True)
-            except KafkaIOError as exc:
-                log.warning("commit failed (will retry): %s", exc)
-            except Exception as exc:
-                log.critical(
-                    "commit loop failed (%s: %s): stopping the worker; uncommitted input "
-                    "is re-consumed on restart",
-                    type(exc).__name__,
-                    exc,
-                    exc_info=exc,
-                )
-                self._fail(exc)
-                return
-
-    async def _commit(
-        self, only: set[tuple[str, int]] | None, *, asynchronous: bool = False
-    ) -> None:
-        """Steps 1-4 of the commit protocol; runs on the loop, commits on the kafka thread."""
-        offsets = self._committable(only)
-        if not offsets:
-            return
-        await self._on_kafka(self._commit_offsets, offsets, asynchronous)
-        marked = await self._mark_progress(offsets)
-        done = self._committed(offsets)
-        if marked:  # unmarked: the records stay journaled, which is safe
-            await self._on_kafka(self._prune, done)
-
-    def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]:
-        """Loop thread: a snapshot of the offsets to commit."""
-        return {
-            tp: o
-            for tp, o in self.offsets.committable().items()
-            if (only is None or tp in only) and tp in self._owned
-        }
-
-    def _commit_offsets(
-        self, offsets: dict[tuple[str, int], int], asynchronous: bool = False
-    ) -> None:
-        """Kafka thread: commit the snapshot (an asynchronous commit's failure is logged
-        by :meth:`_commit_done` and retried by the next commit)."""
-        try:
-            self.consumer.commit(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                asynchronous=asynchronous,
-            )
-        except Exception as exc:
-            raise KafkaIOError(f"offset commit failed: {exc}") from exc
-
-    def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """Kafka thread (served by the consumer's poll): a failed commit is logged and
-        its partitions made committable again, so the next commit retries them."""
-        failed = list(partitions) if err is not None else [p for p in partitions if p.error]
-        if not failed:
-            return
-        log.warning(
-            "offset commit failed for %s (retried by the next commit): %s",
-            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in failed),
-            err or failed[0].error,
-        )
-        if self._loop is not None:
-            retry = [(tp.topic, tp.partition, tp.offset) for tp in failed]
-            self._loop.call_soon_threadsafe(self._uncommit, retry)
-
-    def _uncommit(self, failed: list[tuple[str, int, int]]) -> None:
-        for topic, partition, offset in failed:
-            tracker = self.offsets.partitions.get((topic, partition))
-            if tracker is not None and offset >= 0:
-                tracker.committed = min(tracker.committed, offset - 1)
-
-    def _committed(
-        self, offsets: dict[tuple[str, int], int]
-    ) -> dict[tuple[str, int], list[tuple[int, str]]]:
-        """Loop thread: record the commit; take the finished records it covers."""
-        done: dict[tuple[str, int], list[tuple[int, str]]] = {}
-        for tp, position in offsets.items():
-            tracker = self.offsets.partitions.get(tp)
-            if tracker is None:
-                continue  # revoked meanwhile
-            tracker.committed = max(tracker.committed, position)
-            finished = self._finished.get(tp)
-            if finished:
-                done[tp] = [(o, k) for o, k in finished if o < position]
-                self._finished[tp] = [(o, k) for o, k in finished if o >= position]
-        return done
-
-    def _prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None:
-        """Kafka thread: tombstone the ActionStates of committed records."""
-        if self.store is None or not self.app.prune_completed:
-            return
-        for (topic, partition), records in done.items():
-            if topic not in self._agents:
-                continue
-            for offset, key in records:
-                self.store.prune(key, offset, partition, topic)
-
-    # -- rebalance (kafka thread) ---------------------------------------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
-        partitions already owned keep running meanwhile. Under an eager assignor it is
-        the whole assignment, after a revoke of the whole previous one."""
-        from ..state.recovery import RebuildCancelled
-
-        if not partitions:
-            return  # a cooperative rebalance that added nothing here
-        started = time.monotonic()
-        replayed = 0
-        self.rebuilding = len(partitions)
-        if self.store is not None:  # all new journal partitions caught up in one pass
-            fresh = {
-                tp.partition
-                for tp in partitions
-                if tp.topic in self._agents and self._state_refs[tp.partition] == 0
-            }
-            try:
-                replayed = self.store.assign(*sorted(fresh)) if fresh else 0
-            except RebuildCancelled as exc:
-                # Stopping: none of them becomes owned, so their records are ignored and
-                # nothing is committed for them; the next owner rebuilds from the
-                # checkpoints this rebuild reached.
-                self.rebuilding = 0
-                log.info("not taking %s: %s", _fmt(partitions), exc)
-                return
-        for tp in partitions:
-            if tp.topic in self._agents and self.store is not None:
-                if self._state_refs[tp.partition] == 0:
-                    replayed += self.store.assign(tp.partition)
-                self._state_refs[tp.partition] += 1
-                self._load_progress(tp.topic, tp.partition)
-                name = self._agents[tp.topic].name
-                timers = [t for t in self.store.timers(tp.partition) if t.agent == name]
-                arm_at = input_end(consumer, tp.topic, tp.partition)
-                assert self._loop is not None
-                # Runs on the loop before any record fetched by this consume call.
-                self._loop.call_soon_threadsafe(
-                    self._load_timers, tp.topic, tp.partition, timers, arm_at
-                )
-            self._owned.add((tp.topic, tp.partition))
-        if self._paused:
-            consumer.pause(partitions)
-        self.rebuilding = 0
-        self.stats["journal_records_replayed"] += replayed
-        log.info(
-            "assigned %s (replayed %d journal records in %.2fs)",
-            _fmt(partitions),
-            replayed,
-            time.monotonic() - started,
-        )
-
-    def _load_progress(self, topic: str, partition: int) -> None:
-        """Kafka thread, after the cache rebuild: the partition's completed-through marker
-        (records below it are skipped, see the module doc)."""
-        assert self.store is not None
-        self._skip_logged.discard((topic, partition))
-        marker = self.store.progress(topic, partition)
-        self._marker_floor[(topic, partition)] = marker.offset if marker is not None else 0
-        if marker is None:
-            self._completed_through.pop((topic, partition), None)
-        elif self.app.rerun_completed:
-            log.warning(
-                "%s[%d]: rerun_completed: records below completed-through marker %d run "
-                "AGAIN and charge their side effects once more",
-                topic, partition, marker.offset,
-            )  # fmt: skip
-            self._completed_through.pop((topic, partition), None)
-        else:
-            self._completed_through[(topic, partition)] = marker.offset
-
-    def _on_revoke(
-        self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool = False
-    ) -> None:
-        """Incremental (cooperative-sticky): only the partitions taken away; the others
-        keep running. ``lost``: see :meth:`_on_lost`."""
-        revoked = {(tp.topic, tp.partition) for tp in partitions} & self._owned
-        if not revoked:
-            return
-        assert self._loop is not None
-        # This thread is blocked in the callback, so the loop side cannot call back into
-        # it: the loop quiesces and snapshots, this thread commits, the loop forgets.
-        abandoned, offsets = asyncio.run_coroutine_threadsafe(
-            self._quiesce(revoked), self._loop
-        ).result()
-        committed: dict[tuple[str, int], int] = {}
-        if offsets and not lost:
-            try:
-                self._commit_offsets(offsets)
-                committed = offsets
-            except KafkaIOError as exc:
-                log.warning("commit on revoke failed: %s", exc)
-        marked = not committed or self._mark_progress_blocking(committed)
-        done = asyncio.run_coroutine_threadsafe(
-            self._forget(revoked, committed), self._loop
-        ).result()
-        if marked:
-            self._prune(done)
-        for topic, partition in revoked:
-            self._owned.discard((topic, partition))
-            if topic in self._agents and self.store is not None:
-                self._state_refs[partition] -= 1
-                if self._state_refs[partition] <= 0:
-                    self._state_refs.pop(partition, None)
-                    self.store.revoke(partition)
-        log.info(
-            "%s %s (%d in-flight records abandoned)",
-            "lost" if lost else "revoked",
-            _fmt(partitions),
-            abandoned,
-        )
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Partitions taken without a revoke (this member's session expired, e.g. after
-        a stall): another member may own them already, so neither offsets nor
-        completed-through markers are written for them; their uncommitted records run
-        again on the new owner, calls replayed from the journal."""
-        log.warning("lost %s without a revoke (session expired?)", _fmt(partitions))
-        self._on_revoke(consumer, partitions, lost=True)
-
-    async def _quiesce(
-        self, revoked: set[tuple[str, int]]
-    ) -> tuple[int, dict[tuple[str, int], int]]:
-        """Loop side of a revoke, before the commit: no timer of ``revoked`` fires from
-        now on (a firing after the drain would run again on the next owner), then
-        their in-flight work is drained. Returns the abandoned count and the offsets
-        to commit."""
-        for topic, partition in revoked:
-            if topic in self._agents:
-                self.timers.drop(self._agents[topic].name, partition)
-                self._arm_at.pop((topic, partition), None)
-        abandoned = await self.controller.drain(revoked, self.shutdown_timeout)
-        return abandoned, self._committable(revoked)
-
-    async def _forget(
-        self, revoked: set[tuple[str, int]], committed: dict[tuple[str, int], int]
-    ) -> dict[tuple[str, int], list[tuple[int, str]]]:
-        """Loop side of a revoke, after the commit: drop the partitions' bookkeeping;
-        returns the finished records the commit covers (to prune)."""
-        done = self._committed(committed)
-        for topic, partition in revoked:
-            if topic in self._watermarks:
-                self._watermarks[topic].forget(partition)
-            host = self._async_ios.get(topic)
-            if host is not None:  # a revoked partition must not hold back the watermark
-                host.forget_partitions([partition])
-            self.offsets.drop(topic, partition)
-            self._finished.pop((topic, partition), None)
-        return done
 
     # -- shutdown -----------------------------------------------------------------------
     async def _shutdown(self) -> None:
@@ -810,7 +492,3 @@ def worker_topics(app: App) -> list[str]:
 
 def _ignore(ok: bool) -> None:
     """A timer firing's end: nothing to commit (the timer tombstone is its commit)."""
-
-
-def _fmt(partitions: list[TopicPartition]) -> str:
-    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"

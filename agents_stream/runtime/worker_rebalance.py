@@ -1,0 +1,237 @@
+"""Rebuild-on-assign, revoke and lost partitions (a mixin of
+:class:`~agents_stream.runtime.worker.Worker`); these run on the kafka thread, inside the
+consumer's rebalance callbacks.
+
+Rebalance protocol (on revoke): stop taking records of the revoked partitions and firing
+their timers, drain their in-flight records and firings up to ``shutdown_timeout``
+(abandon the rest: they were not committed, and replay from the journal on the next
+owner), commit, forget their bookkeeping, prune, close their caches.
+On assign: catch up each partition's RocksDB cache from the ActionState topic before any
+record of it is processed.
+With the cooperative-sticky assignor (the default) the callbacks receive only the
+partitions added or taken away; the others keep running meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from confluent_kafka import Consumer, TopicPartition
+
+from ..errors import KafkaIOError
+from ..state.recovery import RebuildCancelled
+from .timers import input_end
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..durable.journal import TimerEntry
+    from ..state.kafka import KafkaActionStateStore
+    from .agent_host import AgentHost
+    from .async_io import AsyncIOHost
+    from .controller import ExecutionController
+    from .offsets import OffsetTracker
+    from .timers import TimerService
+    from .watermarks import WatermarkGenerator
+
+log = logging.getLogger("agents_stream.worker")
+
+
+class Rebalancing:
+    """Partition lifecycle. Expects the worker's bookkeeping (declared below) and the
+    commit protocol's methods."""
+
+    app: App
+    store: KafkaActionStateStore | None
+    controller: ExecutionController
+    offsets: OffsetTracker
+    timers: TimerService
+    stats: defaultdict[str, int]
+    rebuilding: int
+    _agents: dict[str, AgentHost]
+    _async_ios: dict[str, AsyncIOHost]
+    _watermarks: dict[str, WatermarkGenerator]
+    _owned: set[tuple[str, int]]
+    _state_refs: defaultdict[int, int]
+    _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
+    _completed_through: dict[tuple[str, int], int]
+    _skip_logged: set[tuple[str, int]]
+    _marker_floor: dict[tuple[str, int], int]
+    _arm_at: dict[tuple[str, int], int]
+    _paused: bool
+    _loop: asyncio.AbstractEventLoop | None
+
+    if TYPE_CHECKING:  # provided by the other units of the worker
+
+        def _load_timers(
+            self, topic: str, partition: int, timers: list[TimerEntry], arm_at: int | None
+        ) -> None: ...
+
+        def _commit_offsets(
+            self, offsets: dict[tuple[str, int], int], asynchronous: bool = False
+        ) -> None: ...
+
+        def _mark_progress_blocking(self, offsets: dict[tuple[str, int], int]) -> bool: ...
+
+        def _committed(
+            self, offsets: dict[tuple[str, int], int]
+        ) -> dict[tuple[str, int], list[tuple[int, str]]]: ...
+
+        def _prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None: ...
+
+        def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]: ...
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
+        partitions already owned keep running meanwhile. Under an eager assignor it is
+        the whole assignment, after a revoke of the whole previous one."""
+        if not partitions:
+            return  # a cooperative rebalance that added nothing here
+        started = time.monotonic()
+        replayed = 0
+        self.rebuilding = len(partitions)
+        if self.store is not None:  # all new journal partitions caught up in one pass
+            fresh = {
+                tp.partition
+                for tp in partitions
+                if tp.topic in self._agents and self._state_refs[tp.partition] == 0
+            }
+            try:
+                replayed = self.store.assign(*sorted(fresh)) if fresh else 0
+            except RebuildCancelled as exc:
+                # Stopping: none of them becomes owned, so their records are ignored and
+                # nothing is committed for them; the next owner rebuilds from the
+                # checkpoints this rebuild reached.
+                self.rebuilding = 0
+                log.info("not taking %s: %s", _fmt(partitions), exc)
+                return
+        for tp in partitions:
+            if tp.topic in self._agents and self.store is not None:
+                if self._state_refs[tp.partition] == 0:
+                    replayed += self.store.assign(tp.partition)
+                self._state_refs[tp.partition] += 1
+                self._load_progress(tp.topic, tp.partition)
+                name = self._agents[tp.topic].name
+                timers = [t for t in self.store.timers(tp.partition) if t.agent == name]
+                arm_at = input_end(consumer, tp.topic, tp.partition)
+                assert self._loop is not None
+                # Runs on the loop before any record fetched by this consume call.
+                self._loop.call_soon_threadsafe(
+                    self._load_timers, tp.topic, tp.partition, timers, arm_at
+                )
+            self._owned.add((tp.topic, tp.partition))
+        if self._paused:
+            consumer.pause(partitions)
+        self.rebuilding = 0
+        self.stats["journal_records_replayed"] += replayed
+        log.info(
+            "assigned %s (replayed %d journal records in %.2fs)",
+            _fmt(partitions),
+            replayed,
+            time.monotonic() - started,
+        )
+
+    def _load_progress(self, topic: str, partition: int) -> None:
+        """Kafka thread, after the cache rebuild: the partition's completed-through marker
+        (records below it are skipped, see the module doc)."""
+        assert self.store is not None
+        self._skip_logged.discard((topic, partition))
+        marker = self.store.progress(topic, partition)
+        self._marker_floor[(topic, partition)] = marker.offset if marker is not None else 0
+        if marker is None:
+            self._completed_through.pop((topic, partition), None)
+        elif self.app.rerun_completed:
+            log.warning(
+                "%s[%d]: rerun_completed: records below completed-through marker %d run "
+                "AGAIN and charge their side effects once more",
+                topic, partition, marker.offset,
+            )  # fmt: skip
+            self._completed_through.pop((topic, partition), None)
+        else:
+            self._completed_through[(topic, partition)] = marker.offset
+
+    def _on_revoke(
+        self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool = False
+    ) -> None:
+        """Incremental (cooperative-sticky): only the partitions taken away; the others
+        keep running. ``lost``: see :meth:`_on_lost`."""
+        revoked = {(tp.topic, tp.partition) for tp in partitions} & self._owned
+        if not revoked:
+            return
+        assert self._loop is not None
+        # This thread is blocked in the callback, so the loop side cannot call back into
+        # it: the loop quiesces and snapshots, this thread commits, the loop forgets.
+        abandoned, offsets = asyncio.run_coroutine_threadsafe(
+            self._quiesce(revoked), self._loop
+        ).result()
+        committed: dict[tuple[str, int], int] = {}
+        if offsets and not lost:
+            try:
+                self._commit_offsets(offsets)
+                committed = offsets
+            except KafkaIOError as exc:
+                log.warning("commit on revoke failed: %s", exc)
+        marked = not committed or self._mark_progress_blocking(committed)
+        done = asyncio.run_coroutine_threadsafe(
+            self._forget(revoked, committed), self._loop
+        ).result()
+        if marked:
+            self._prune(done)
+        for topic, partition in revoked:
+            self._owned.discard((topic, partition))
+            if topic in self._agents and self.store is not None:
+                self._state_refs[partition] -= 1
+                if self._state_refs[partition] <= 0:
+                    self._state_refs.pop(partition, None)
+                    self.store.revoke(partition)
+        log.info(
+            "%s %s (%d in-flight records abandoned)",
+            "lost" if lost else "revoked",
+            _fmt(partitions),
+            abandoned,
+        )
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions taken without a revoke (this member's session expired, e.g. after
+        a stall): another member may own them already, so neither offsets nor
+        completed-through markers are written for them; their uncommitted records run
+        again on the new owner, calls replayed from the journal."""
+        log.warning("lost %s without a revoke (session expired?)", _fmt(partitions))
+        self._on_revoke(consumer, partitions, lost=True)
+
+    async def _quiesce(
+        self, revoked: set[tuple[str, int]]
+    ) -> tuple[int, dict[tuple[str, int], int]]:
+        """Loop side of a revoke, before the commit: no timer of ``revoked`` fires from
+        now on (a firing after the drain would run again on the next owner), then
+        their in-flight work is drained. Returns the abandoned count and the offsets
+        to commit."""
+        for topic, partition in revoked:
+            if topic in self._agents:
+                self.timers.drop(self._agents[topic].name, partition)
+                self._arm_at.pop((topic, partition), None)
+        abandoned = await self.controller.drain(revoked, self.shutdown_timeout)
+        return abandoned, self._committable(revoked)
+
+    async def _forget(
+        self, revoked: set[tuple[str, int]], committed: dict[tuple[str, int], int]
+    ) -> dict[tuple[str, int], list[tuple[int, str]]]:
+        """Loop side of a revoke, after the commit: drop the partitions' bookkeeping;
+        returns the finished records the commit covers (to prune)."""
+        done = self._committed(committed)
+        for topic, partition in revoked:
+            if topic in self._watermarks:
+                self._watermarks[topic].forget(partition)
+            host = self._async_ios.get(topic)
+            if host is not None:  # a revoked partition must not hold back the watermark
+                host.forget_partitions([partition])
+            self.offsets.drop(topic, partition)
+            self._finished.pop((topic, partition), None)
+        return done
+
+
+def _fmt(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"
