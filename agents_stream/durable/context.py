@@ -165,7 +165,7 @@ class RunnerContext:
         ref: ActionRef,
         store: ActionStateStore,
         config: ContextConfig,
-        memory_base: dict[str, bytes],
+        memory_base: dict[str, bytes] | Callable[[], dict[str, bytes]],
         *,
         firing: tuple[str, int] | None = None,
     ) -> None:
@@ -173,7 +173,7 @@ class RunnerContext:
         self.key = ref.key
         self._store = store
         self._config = config
-        self._journal: dict[int, CallEntry] = store.calls(ref)
+        self._slots: dict[int, CallEntry] | None = None  # read on the first call
         self._resolved: set[int] = set()  # slots this run replayed or (re)wrote
         self._next_index = 0
         self._lock = threading.Lock()
@@ -183,6 +183,15 @@ class RunnerContext:
         self.outputs: list[Any] = []
         self.replayed_calls = 0
         self.executed_calls = 0
+
+    @property
+    def _journal(self) -> dict[int, CallEntry]:
+        """The journaled slots of this action run, read when first needed (an action
+        that makes no call never pays the cache scan)."""
+        slots = self._slots
+        if slots is None:
+            slots = self._slots = self._store.calls(self.ref)
+        return slots
 
     # -- events ---------------------------------------------------------------------
     def send_event(self, event: Event) -> None:

@@ -20,10 +20,23 @@ _MISSING = object()
 
 
 class ShortTermMemory:
-    def __init__(self, base: dict[str, bytes], guard: Callable[[str], None]) -> None:
-        self._base = base
+    def __init__(
+        self,
+        base: dict[str, bytes] | Callable[[], dict[str, bytes]],
+        guard: Callable[[str], None],
+    ) -> None:
+        # A loader defers reading the key's snapshot until the action touches memory.
+        self._loader = base if callable(base) else None
+        self._base_values: dict[str, bytes] | None = None if callable(base) else base
         self._updates: dict[str, bytes | None] = {}
         self._guard = guard
+
+    @property
+    def _base(self) -> dict[str, bytes]:
+        if self._base_values is None:
+            assert self._loader is not None
+            self._base_values = self._loader()
+        return self._base_values
 
     def get(self, name: str, default: Any = None) -> Any:
         self._guard("short_term_memory.get")

@@ -233,8 +233,19 @@ class ActionRunner:
         ``ctx.timers`` raise :class:`KeylessRecordError` (all keyless records share the
         key ``""``).
         """
-        snapshot = None if keyless else self.store.memory(ref.key, ref.partition)
-        base = dict(snapshot.values) if snapshot else {}
+        # The key's snapshot is read when the action first touches memory (or when its
+        # effects are written), not for every action.
+        memo: list[MemorySnapshot | None] = []
+
+        def snapshot() -> MemorySnapshot | None:
+            if not memo:
+                memo.append(None if keyless else self.store.memory(ref.key, ref.partition))
+            return memo[0]
+
+        def base() -> dict[str, bytes]:
+            found = snapshot()
+            return dict(found.values) if found else {}
+
         ctx = RunnerContext(ref, self.store, self.config, base, firing=firing)
         if keyless:  # no memory and no timers: both are per key
             topic = ref.topic or self.topic
@@ -262,7 +273,7 @@ class ActionRunner:
             finished_ms=int(time.time() * 1000),
             emitted=not ctx.outputs,
             timers=timers,
-            memory_version=_version(snapshot) + 1 if changed else -1,
+            memory_version=_version(snapshot()) + 1 if changed else -1,
         )
         if not changed and getattr(self.sink, "threadsafe", False):
             # The common case in one wait: the outputs go out from the thread that sees
@@ -276,7 +287,7 @@ class ActionRunner:
         if not changed:
             await acked(self.store.append([done], ref.partition))
         else:
-            await self._write_effects(done, base, first=[done])
+            await self._write_effects(done, base(), first=[done])
         await self._emit_once(done, outcome, ctx.outputs)
         return done
 

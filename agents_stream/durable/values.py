@@ -354,15 +354,39 @@ def _refusal(at: _At, path: str) -> str:
     )
 
 
+def _plain(v: Any, depth: int = 0) -> bool:
+    """Whether ``v`` encodes as itself (JSON scalars, lists, dicts of ``str`` keys not
+    starting with ``$``): then its encoding is plain ``json.dumps``, without building
+    the tagged tree (outputs and results are mostly such trees; this is the hot path)."""
+    t = type(v)
+    if t is str or t is bool or v is None:
+        return True
+    if t is int:
+        return v.bit_length() <= _JSON_INT_BITS  # type: ignore[no-any-return]
+    if t is float:
+        return math.isfinite(v)
+    if depth > 64:  # let the general path report (or handle) deep nesting
+        return False
+    if t is list:
+        return all(_plain(item, depth + 1) for item in v)
+    if t is dict:
+        return all(
+            type(k) is str and not k.startswith("$") and _plain(item, depth + 1)
+            for k, item in v.items()
+        )
+    return False
+
+
 def encode_value(value: Any, *, where: str = "value") -> bytes:
     """Stored bytes of ``value``; raises UnsupportedValueError naming type and path."""
-    text = _text(_encoded_tree(value, False, where), False)
-    return _HEADER + text.encode("utf-8", "surrogatepass")
+    tree = value if _plain(value) else _encoded_tree(value, False, where)
+    return _HEADER + _text(tree, False).encode("utf-8", "surrogatepass")
 
 
 def canonical_bytes(value: Any, *, where: str = "value") -> bytes:
     """The digest encoding: equal values give equal bytes in every process."""
-    return _text(_encoded_tree(value, True, where), True).encode("utf-8", "surrogatepass")
+    tree = value if _plain(value) else _encoded_tree(value, True, where)
+    return _text(tree, True).encode("utf-8", "surrogatepass")
 
 
 def value_digest(value: Any, *, where: str = "value") -> str:

@@ -22,6 +22,8 @@ from agents_stream.durable.journal import (
 )
 from agents_stream.durable.store import all_of
 
+from .test_values import values as domain_values
+
 text = st.text(st.characters(blacklist_characters="\x1f", blacklist_categories=("Cs",)))
 refs = st.builds(
     ActionRef,
@@ -123,3 +125,24 @@ def test_all_of_concurrent_failures_resolve_once() -> None:
     for t in threads:
         t.join()
     assert isinstance(combined.exception(5), OSError)
+
+
+# -- value encoding fast path ---------------------------------------------------------------
+json_trees = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    max_leaves=20,
+)
+
+
+@given(json_trees | domain_values)
+def test_plain_fast_path_gives_the_tagged_encoding(value: object) -> None:
+    """Plain JSON trees skip the tagged tree; the bytes must be the general path's."""
+    from agents_stream.durable import values as v
+
+    for canon in (False, True):
+        slow = v._text(v._encoded_tree(value, canon, "value"), canon).encode(
+            "utf-8", "surrogatepass"
+        )
+        fast = v.canonical_bytes(value) if canon else v.encode_value(value)[2:]
+        assert fast == slow
