@@ -377,16 +377,24 @@ def _plain(v: Any, depth: int = 0) -> bool:
     return False
 
 
+def _tree(value: Any, canon: bool, where: str) -> Any:
+    """The tagged tree of ``value``; plain trees (and a tuple of them, as call arguments
+    are) are their own tree and skip the general walk."""
+    if _plain(value):
+        return value
+    if type(value) is tuple and all(_plain(item) for item in value):
+        return {"$t": list(value)}
+    return _encoded_tree(value, canon, where)
+
+
 def encode_value(value: Any, *, where: str = "value") -> bytes:
     """Stored bytes of ``value``; raises UnsupportedValueError naming type and path."""
-    tree = value if _plain(value) else _encoded_tree(value, False, where)
-    return _HEADER + _text(tree, False).encode("utf-8", "surrogatepass")
+    return _HEADER + _text(_tree(value, False, where), False).encode("utf-8", "surrogatepass")
 
 
 def canonical_bytes(value: Any, *, where: str = "value") -> bytes:
     """The digest encoding: equal values give equal bytes in every process."""
-    tree = value if _plain(value) else _encoded_tree(value, True, where)
-    return _text(tree, True).encode("utf-8", "surrogatepass")
+    return _text(_tree(value, True, where), True).encode("utf-8", "surrogatepass")
 
 
 def value_digest(value: Any, *, where: str = "value") -> str:

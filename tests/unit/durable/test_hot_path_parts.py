@@ -135,7 +135,7 @@ json_trees = st.recursive(
 )
 
 
-@given(json_trees | domain_values)
+@given(json_trees | domain_values | st.tuples(json_trees, json_trees) | st.just(()))
 def test_plain_fast_path_gives_the_tagged_encoding(value: object) -> None:
     """Plain JSON trees skip the tagged tree; the bytes must be the general path's."""
     from agents_stream.durable import values as v
