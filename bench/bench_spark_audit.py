@@ -5,29 +5,33 @@ the journal codec and the store's key layout: per input record, call 0 SUCCEEDED
 SUCCEEDED / FAILED / PENDING (94 / 4 / 2 %), an ActionDone unless a call is PENDING, and
 for 5 % of inputs an earlier PENDING version of call 1 that compaction must discard.
 
-Then measures, and prints as a table with records/s:
+Then measures, and prints as a table with records/s and the ratio to a plain Spark read:
 
 - python: one process, one consumer over every partition keeping the last value per key
   (tombstones delete), decoding every live value and computing the audit's journal
   figures (status counts, in-flight, stuck, failures by type) with dicts;
+- plain spark read (the baseline): the ``agents_stream.kafka`` source over the same topic,
+  every value's length summed (so values are read, not pruned), ``local[2]``;
 - spark audit (``run_audit`` without the input/output joins): read, compact, decode and
   every journal table, Parquet and reports written; best of ``--repeat`` after a warm-up.
 
 Both must agree on the figures; the script fails if they do not.
 
-Run: ``.venv/bin/python bench/bench_spark_audit.py [--records 500000] [--master local[2]]``
+Run: ``.venv/bin/python bench/bench_spark_audit.py [--quick] [--records N] [--master local[2]]``
+(``--quick``: 100k records, what ``make bench`` runs).
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 import uuid
 from collections import Counter
 
+from common import parser as bench_parser
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import functions as F
 
 from agents_stream import App
 from agents_stream.durable.journal import (
@@ -38,7 +42,7 @@ from agents_stream.durable.journal import (
     ExceptionInfo,
 )
 from agents_stream.serde.journal import default_journal_codec
-from agents_stream.spark import get_spark
+from agents_stream.spark import get_spark, read_kafka
 from agents_stream.spark.jobs.audit import run_audit
 from agents_stream.state.keys import entry_key_bytes
 from agents_stream.testing import EmbeddedBroker
@@ -165,11 +169,13 @@ def python_pass(bootstrap: str, stuck_after_ms: int) -> dict[str, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=500_000)
+    parser = bench_parser(__doc__)
+    parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
+    if args.records is None:
+        args.records = 100_000 if args.quick else 500_000
     stuck_after_s = 300
     with EmbeddedBroker() as broker:
         t0 = time.perf_counter()
@@ -181,6 +187,17 @@ def main() -> None:
         py_s = time.perf_counter() - t0
         spark = get_spark("bench-spark-audit", master=args.master)
         out = tempfile.mkdtemp(prefix="bench-audit-")
+        raw = read_kafka(spark, broker.bootstrap, TOPIC)
+
+        def plain_read() -> int:
+            return raw.select(F.sum(F.length("value"))).collect()[0][0]
+
+        plain_read()  # warm-up
+        plain_s = float("inf")
+        for _ in range(max(args.repeat, 2)):
+            t0 = time.perf_counter()
+            plain_read()
+            plain_s = min(plain_s, time.perf_counter() - t0)
         kwargs = dict(stuck_after_s=stuck_after_s, now_ms=NOW_MS, inputs=False, outputs=False)
         run_audit(spark, APP, broker.bootstrap, None, **kwargs)  # warm-up: Python workers
         best = float("inf")
@@ -192,12 +209,13 @@ def main() -> None:
         spark.stop()
     for name, value in expected.items():
         assert summary[name] == value, f"{name}: spark {summary[name]} != python {value}"
-    print(f"\n{'method':<44}{'records':>10}{'seconds':>10}{'records/s':>12}")
+    print(f"\n{'method':<44}{'records':>10}{'seconds':>10}{'records/s':>12}{'vs plain':>10}")
     for name, secs in (
+        (f"plain spark read {args.master} (baseline)", plain_s),
         ("python single process (read+decode+count)", py_s),
         (f"spark audit {args.master} (all tables+reports)", best),
     ):
-        print(f"{name:<44}{total:>10,}{secs:>10.1f}{total / secs:>12,.0f}")
+        print(f"{name:<44}{total:>10,}{secs:>10.2f}{total / secs:>12,.0f}{plain_s / secs:>9.2f}x")
     print(f"\nfigures (identical in both): {expected}")
     print(f"report: {out}/report.html")
 

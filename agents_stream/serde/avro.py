@@ -57,6 +57,7 @@ class AvroSerde:
         self.writer = writer or self.reader
         self.registry = registry
         self.record_names = record_names
+        self.compiled = compiled
         self._by_fingerprint = {v.fingerprint: v for v in self.versions}
         self._by_fingerprint.setdefault(self.writer.fingerprint, self.writer)
         self._header: bytes | None = None

@@ -17,7 +17,8 @@ makes :func:`compile_schema` return ``None``.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 Encoder = Callable[[bytes, Any], bytes]
@@ -52,10 +53,23 @@ def _varint(n: int) -> bytes:
 _V = tuple(_varint(z) for z in range(_SMALL))
 
 
+# Two varint bytes (both with the continuation bit) per 14-bit chunk: timestamps and
+# offsets take three lookups instead of a loop over seven bytes.
+_C = tuple(bytes(((x & 0x7F) | 0x80, (x >> 7) | 0x80)) for x in range(_SMALL))
+
+
 def _big(z: int, v: int, bits: int) -> bytes:
+    if z < 0x10000000:  # < 28 bits: in range for int and long alike
+        return _C[z & 0x3FFF] + _V[z >> 14]
+    if z < 0x40000000000 and bits == 63:  # < 42 bits: epoch-millisecond timestamps
+        return _C[z & 0x3FFF] + _C[z >> 14 & 0x3FFF] + _V[z >> 28]
     if not -(1 << bits) <= v < (1 << bits):
         raise Misfit(f"{v} is out of range for a {bits + 1}-bit Avro integer")
-    return _varint(z)
+    out = b""
+    while z >= _SMALL:
+        out += _C[z & 0x3FFF]
+        z >>= 14
+    return out + _V[z]
 
 
 def _long(n: int) -> bytes:
@@ -64,17 +78,60 @@ def _long(n: int) -> bytes:
 
 
 def _more(b: Any, p: int, c: int) -> tuple[int, int]:
+    # Unrolled, and the low 28 bits gathered in one-digit ints before a single wide
+    # shift: timestamps and offsets are 5-7 bytes, and a loop costs twice as much.
     n = c & 0x7F
-    shift = 7
-    while True:
-        c = b[p]
-        p += 1
-        n |= (c & 0x7F) << shift
-        if c < 0x80:
-            return n, p
-        shift += 7
-        if shift > 63:
-            raise Corrupt("varint longer than 10 bytes")
+    c = b[p]
+    if c < 0x80:
+        return n | c << 7, p + 1
+    n |= (c & 0x7F) << 7
+    c = b[p + 1]
+    if c < 0x80:
+        return n | c << 14, p + 2
+    n |= (c & 0x7F) << 14
+    c = b[p + 2]
+    if c < 0x80:
+        return n | c << 21, p + 3
+    n |= (c & 0x7F) << 21
+    c = b[p + 3]
+    if c < 0x80:
+        return n | c << 28, p + 4
+    h = c & 0x7F
+    c = b[p + 4]
+    if c < 0x80:
+        return n | (h | c << 7) << 28, p + 5
+    h |= (c & 0x7F) << 7
+    c = b[p + 5]
+    if c < 0x80:
+        return n | (h | c << 14) << 28, p + 6
+    h |= (c & 0x7F) << 14
+    c = b[p + 6]
+    if c < 0x80:
+        return n | (h | c << 21) << 28, p + 7
+    h |= (c & 0x7F) << 21
+    c = b[p + 7]
+    if c < 0x80:
+        return n | (h | c << 28) << 28, p + 8
+    h |= (c & 0x7F) << 28
+    c = b[p + 8]
+    if c < 0x80:
+        return n | (h | c << 35) << 28, p + 9
+    raise Corrupt("varint longer than 10 bytes")
+
+
+# Length of a string or bytes from its first varint byte: -1 for anything but a one-byte
+# non-negative length, which _length then decodes (or rejects).
+_LEN = tuple(c >> 1 if c < 0x80 and not c & 1 else -1 for c in range(256))
+
+
+def _length(b: Any, p: int) -> tuple[int, int]:
+    c = b[p - 1]
+    if c > 127:
+        c, p = _more(b, p, c)
+    n = (c >> 1) ^ -(c & 1)
+    if n < 0:
+        raise Corrupt("length past the end")
+    return n, p
 
 
 def _corrupt(what: str) -> Corrupt:
@@ -84,8 +141,13 @@ def _corrupt(what: str) -> Corrupt:
 _HELPERS: dict[str, Any] = {
     "_V": _V,
     "_big": _big,
+    "_C": _C,
+    "_new": object.__new__,
+    "_setattr": object.__setattr__,
     "_long": _long,
     "_more": _more,
+    "_LEN": _LEN,
+    "_length": _length,
     "_corrupt": _corrupt,
     "Misfit": Misfit,
     "_pf": struct.Struct("<f").pack,
@@ -103,6 +165,8 @@ class _Compiler:
         self.ns: dict[str, Any] = dict(_HELPERS)
         self.lines: list[str] = []
         self.n = 0
+        self.bindings: Mapping[str, ObjectBinding] = {}
+        self.cls_of: dict[str, str] = {}
         self._collect(schema)
 
     # -- schema walking ----------------------------------------------------------------
@@ -171,6 +235,8 @@ class _Compiler:
 
 # -- encoder -------------------------------------------------------------------------------
 class _EncoderCompiler(_Compiler):
+    objects = False  # records are dicts (unions of records: (name, dict) tuples)
+
     def run(self, schema: Any) -> Encoder:
         self.late: list[tuple[str, list[str]]] = []
         for full, s in self.named.items():
@@ -260,24 +326,24 @@ class _EncoderCompiler(_Compiler):
 
     def enc_union(self, branches: list[Any], v: str, ind: int) -> None:
         resolved = [self.resolve(b) for b in branches]
-        kinds = [self.kind(b) for b in resolved]
         e = self.emit
         records = {
             b["name"]: i for i, b in enumerate(resolved) if self.kind(b) in ("record", "error")
         }
-        if records:
-            # (full name, dict): the shape the journal writes and return_record_name reads.
-            table = self.const({name: _V[i << 1] for name, i in records.items()})
-            fns = self.const({})
-            self.late.append((fns, list(records)))
-            nm, x = self.var("nm"), self.var("x")
-            e(ind, f"if {v}.__class__ is tuple:")
-            e(ind + 1, f"{nm}, {x} = {v}")
-            e(ind + 1, f"ap({table}[{nm}])")
-            e(ind + 1, f"{fns}[{nm}]({x}, ap)")
+        first = self.enc_record_branches(records, v, ind) if records else "if"
+        for test, i, branch in self.union_tests(resolved, v):
+            e(ind, f"{first} {test}:")
+            e(ind + 1, f"ap({_V[i << 1]!r})")
+            self.enc(branch, v, ind + 1, checked=True)
             first = "elif"
+        if first == "if":
+            e(ind, "raise Misfit")
         else:
-            first = "if"
+            e(ind, "else: raise Misfit")
+
+    def union_tests(self, resolved: list[Any], v: str) -> list[tuple[str, int, Any]]:
+        """(test of ``v``, branch index, branch) of the branches a datum's type selects
+        without guessing; record branches are left to the caller."""
         category = {
             "null": "null",
             "boolean": "bool",
@@ -294,7 +360,7 @@ class _EncoderCompiler(_Compiler):
             "record": "dict",
             "error": "dict",
         }
-        cats = [category[k] for k in kinds]
+        cats = [category[self.kind(b)] for b in resolved]
         # fastavro takes the first branch that validates and its validators overlap
         # (an int is a valid double, a bool a valid long): such datums go to fastavro.
         ambiguous = {c for c in cats if cats.count(c) > 1}
@@ -314,21 +380,30 @@ class _EncoderCompiler(_Compiler):
             "list": "{v}.__class__ is list",
             "dict": "{v}.__class__ is dict",
         }
-        for i, (branch, cat) in enumerate(zip(resolved, cats, strict=True)):
-            if cat in ambiguous:
-                continue
-            e(ind, f"{first} {tests[cat].format(v=v)}:")
-            e(ind + 1, f"ap({_V[i << 1]!r})")
-            self.enc(branch, v, ind + 1, checked=True)
-            first = "elif"
-        if first == "if":
-            e(ind, "raise Misfit")
-        else:
-            e(ind, "else: raise Misfit")
+        return [
+            (tests[cat].format(v=v), i, branch)
+            for i, (branch, cat) in enumerate(zip(resolved, cats, strict=True))
+            if cat not in ambiguous
+            and not (self.objects and self.kind(branch) in ("record", "error"))
+        ]
+
+    def enc_record_branches(self, records: dict[str, int], v: str, ind: int) -> str:
+        # (full name, dict): the shape the journal writes and return_record_name reads.
+        table = self.const({name: _V[i << 1] for name, i in records.items()})
+        fns = self.const({})
+        self.late.append((fns, list(records)))
+        nm, x = self.var("nm"), self.var("x")
+        self.emit(ind, f"if {v}.__class__ is tuple:")
+        self.emit(ind + 1, f"{nm}, {x} = {v}")
+        self.emit(ind + 1, f"ap({table}[{nm}])")
+        self.emit(ind + 1, f"{fns}[{nm}]({x}, ap)")
+        return "elif"
 
 
 # -- decoder -------------------------------------------------------------------------------
 class _DecoderCompiler(_Compiler):
+    checked_lengths = True
+
     def run(self, schema: Any) -> Decoder:
         self.stack: list[str] = []
         for full, s in self.named.items():
@@ -398,9 +473,15 @@ class _DecoderCompiler(_Compiler):
             e(ind, f"{target}, = {fn}(b, p)")
             e(ind, f"p += {size}")
         elif k in ("string", "bytes"):
-            n = self.var("n")
-            self.read_long(n, ind)
-            self.take(n, target, ind, ".decode()" if k == "string" else "")
+            n, end = self.var("n"), self.var("e")
+            e(ind, f"{n} = _LEN[b[p]]")
+            e(ind, "p += 1")
+            e(ind, f"if {n} < 0: {n}, p = _length(b, p)")
+            e(ind, f"{end} = p + {n}")
+            if self.checked_lengths:
+                e(ind, f"if {end} > L: raise _corrupt('length past the end')")
+            e(ind, f"{target} = b[p:{end}]{'.decode()' if k == 'string' else ''}")
+            e(ind, f"p = {end}")
         elif k == "fixed":
             self.take(str(s["size"]), target, ind)
         elif k == "enum":
@@ -452,10 +533,13 @@ class _DecoderCompiler(_Compiler):
         n_records = sum(self.kind(b) in ("record", "error") for b in resolved)
         # fastavro's return_record_name_override: the name only where it disambiguates.
         named = self.record_names and n_records > 1
+        # Compared still zigzag-encoded (branch i is 2 * i): no decoding on the hot path.
         i = self.var("i")
-        self.read_long(i, ind)
+        self.emit(ind, f"{i} = b[p]")
+        self.emit(ind, "p += 1")
+        self.emit(ind, f"if {i} > 127: {i}, p = _more(b, p, {i})")
         for idx, branch in enumerate(resolved):
-            self.emit(ind, f"{'if' if idx == 0 else 'elif'} {i} == {idx}:")
+            self.emit(ind, f"{'if' if idx == 0 else 'elif'} {i} == {idx << 1}:")
             if named and self.kind(branch) in ("record", "error"):
                 x = self.var("x")
                 self.dec(branch, x, ind + 1)
@@ -463,6 +547,276 @@ class _DecoderCompiler(_Compiler):
             else:
                 self.dec(branch, target, ind + 1)
         self.emit(ind, "else: raise _corrupt('union branch index out of range')")
+
+
+# -- object codecs ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ObjectBinding:
+    """How one Avro record type maps onto a Python class, for :func:`compile_object_codec`.
+
+    Args:
+        cls: the class of the objects (union branches are told apart by exact class).
+        get: field name -> expression reading that field from the object ``{o}``
+            (default ``{o}.<field>``).
+        build: given field name -> local variable holding its decoded value, the expression
+            that builds the object (default: ``cls`` called with every field as keyword).
+        env: names the expressions use.
+    """
+
+    cls: type
+    get: Mapping[str, str] = field(default_factory=dict)
+    build: Callable[[Mapping[str, str]], str] | None = None
+    env: Mapping[str, Any] = field(default_factory=dict)
+
+
+ObjectEncoder = Callable[[bytes, Any], bytes]
+ObjectDecoder = Callable[[bytes, int], "tuple[Any, int]"]
+
+
+def _bind(compiler: _Compiler, bindings: Mapping[str, ObjectBinding]) -> None:
+    missing = [
+        n
+        for n, s in compiler.named.items()
+        if s["type"] in ("record", "error") and n not in bindings
+    ]
+    if missing:
+        raise Unsupported(f"no object binding for {', '.join(missing)}")
+    compiler.bindings = bindings
+    compiler.cls_of = {}
+    for name, b in bindings.items():
+        compiler.ns.update(b.env)
+        compiler.cls_of[name] = compiler.const(b.cls)
+
+
+class _ObjectEncoderCompiler(_EncoderCompiler):
+    """Objects to bytes, each record as one ``b"".join`` of its parts.
+
+    A record's fields become expressions joined once (no ``list.append`` per part); only
+    arrays and maps fall back to the appending code of the dict encoder.
+    """
+
+    objects = True
+
+    def run(self, schema: Any) -> Encoder:
+        self.late = []
+        for full, s in self.named.items():
+            if s["type"] in ("record", "error"):
+                self.emit(0, f"def {self.fn_of[full]}(o):")
+                parts = self.record_parts(s, "o", 1)
+                self.emit(1, f"return b''.join(({', '.join(parts)},))")
+        # The root record is inlined: one call per datum is all the framing costs.
+        self.emit(0, "def encode(head, o):")
+        parts = self.record_parts(schema, "o", 1)
+        self.emit(1, f"return b''.join((head, {', '.join(parts)}))")
+        return self.build("encode")
+
+    def record_parts(self, s: Any, o: str, ind: int) -> list[str]:
+        get = self.bindings[s["name"]].get
+        parts: list[str] = []
+        for f in s["fields"]:
+            v = self.var()
+            self.emit(ind, f"{v} = {get.get(f['name'], '{o}.' + f['name']).format(o=o)}")
+            parts += self.parts(self.resolve(f["type"]), v, ind)
+        return parts or ["b''"]
+
+    def parts(self, s: Any, v: str, ind: int, checked: bool = False) -> list[str]:
+        """Emits the checks of ``v``; returns the expressions of its bytes, in order."""
+        k = self.kind(s)
+        e = self.emit
+        if k == "null":
+            if not checked:
+                e(ind, f"if {v} is not None: raise Misfit")
+            return []
+        if k == "boolean":
+            x = self.var("x")
+            e(ind, f"if {v} is True: {x} = b'\\x01'")
+            e(ind, f"elif {v} is False: {x} = b'\\x00'")
+            e(ind, "else: raise Misfit")
+            return [x]
+        if k in ("int", "long"):
+            bits = 31 if k == "int" else 63
+            z = self.var("z")
+            e(ind, f"{z} = ({v} << 1) ^ ({v} >> {bits})")
+            if k == "int":
+                return [f"(_V[{z}] if {z} < {_SMALL} else _big({z}, {v}, {bits}))"]
+            # _big's chunks inlined for longs: offsets and epoch-ms timestamps are 3-6 bytes.
+            return [
+                f"(_V[{z}] if {z} < {_SMALL} else "
+                f"_C[{z} & 16383] + _V[{z} >> 14] if {z} < 268435456 else "
+                f"_C[{z} & 16383] + _C[{z} >> 14 & 16383] + _V[{z} >> 28] "
+                f"if {z} < 4398046511104 else _big({z}, {v}, 63))"
+            ]
+        if k in ("float", "double"):
+            e(ind, f"if {v}.__class__ is not float and {v}.__class__ is not int: raise Misfit")
+            return [f"{'_pf' if k == 'float' else '_pd'}({v})"]
+        if k in ("string", "bytes"):
+            n = self.var("n")
+            if k == "string":
+                data = self.var("b")
+                e(ind, f"{data} = {v}.encode()")
+            else:
+                data = v
+                if not checked:
+                    e(ind, f"if {v}.__class__ is not bytes: raise Misfit")
+            e(ind, f"{n} = len({data})")
+            return [f"(_V[{n} << 1] if {n} < {_SMALL >> 1} else _long({n}))", data]
+        if k == "fixed":
+            e(ind, f"if {v}.__class__ is not bytes or len({v}) != {s['size']}: raise Misfit")
+            return [v]
+        if k == "enum":
+            table = self.const({sym: _V[i << 1] for i, sym in enumerate(s["symbols"])})
+            return [f"{table}[{v}]"]
+        if k in ("record", "error"):
+            return [f"{self.fn_of[s['name']]}({v})"]
+        if k == "union":
+            return [self.union_parts(s, v, ind)]
+        if k in ("array", "map"):
+            x, w = self.var("x"), self.var("w")
+            e(ind, f"{w} = []")
+            e(ind, f"ap = {w}.append")
+            self.enc(s, v, ind)
+            e(ind, f"{x} = b''.join({w})")
+            return [x]
+        raise Unsupported(f"type {k!r}")
+
+    def union_parts(self, branches: list[Any], v: str, ind: int) -> str:
+        resolved = [self.resolve(b) for b in branches]
+        x = self.var("x")
+        first = "if"
+        choices = [
+            (f"{v}.__class__ is {self.cls_of[b['name']]}", i, b)
+            for i, b in enumerate(resolved)
+            if self.kind(b) in ("record", "error")
+        ]
+        for test, i, branch in choices + self.union_tests(resolved, v):
+            self.emit(ind, f"{first} {test}:")
+            parts = self.parts(branch, v, ind + 1, checked=True)
+            self.emit(ind + 1, f"{x} = {' + '.join([repr(_V[i << 1]), *parts])}")
+            first = "elif"
+        self.emit(ind, "else: raise Misfit")
+        return x
+
+    def enc(self, s: Any, v: str, ind: int, checked: bool = False) -> None:
+        if self.kind(s) == "array":  # sequences of a dataclass are tuples
+            self.emit(ind, f"if {v}.__class__ is not tuple and {v}.__class__ is not list:")
+            self.emit(ind + 1, "raise Misfit")
+            self.emit(ind, f"if {v}:")
+            n, x = self.var("n"), self.var("x")
+            self.emit(ind + 1, f"{n} = len({v})")
+            self.length(n, ind + 1)
+            self.emit(ind + 1, f"for {x} in {v}:")
+            self.enc(self.resolve(s["items"]), x, ind + 2)
+            self.emit(ind, "ap(b'\\x00')")
+            return
+        if self.kind(s) in ("record", "error"):
+            self.emit(ind, f"ap({self.fn_of[s['name']]}({v}))")
+            return
+        super().enc(s, v, ind, checked)
+
+    def enc_record_branches(self, records: dict[str, int], v: str, ind: int) -> str:
+        first = "if"
+        for name, i in records.items():
+            self.emit(ind, f"{first} {v}.__class__ is {self.cls_of[name]}:")
+            self.emit(ind + 1, f"ap({_V[i << 1]!r})")
+            self.emit(ind + 1, f"ap({self.fn_of[name]}({v}))")
+            first = "elif"
+        return first
+
+
+class _ObjectDecoderCompiler(_DecoderCompiler):
+    # A string or bytes field running past the end leaves p past the end: the next read
+    # raises IndexError, and after the last field the caller sees end > len(data).
+    checked_lengths = False
+
+    def run(self, schema: Any) -> Decoder:
+        self.stack = []
+        for full, s in self.named.items():
+            if s["type"] in ("record", "error"):
+                self.emit(0, f"def {self.fn_of[full]}(b, p, L):")
+                self.stack = [full]
+                v = self.var()
+                self.dec_record(s, v, 1)
+                self.emit(1, f"return {v}, p")
+        self.stack = [schema["name"]]
+        self.emit(0, "def decode(b, p):")
+        self.emit(1, "L = len(b)")
+        self.dec_record(schema, "value", 1)
+        self.emit(1, "return value, p")
+        return self.build("decode")
+
+    def dec(self, s: Any, target: str, ind: int) -> None:
+        if self.kind(s) == "long":
+            self.read_wide(target, ind)
+        else:
+            super().dec(s, target, ind)
+
+    def read_wide(self, target: str, ind: int) -> None:
+        # _more inlined: longs (timestamps, offsets) are mostly 3-7 bytes, and the call
+        # costs as much as the arithmetic. Bits 28+ gather in h so that n stays one digit.
+        c, n, h = self.var("c"), self.var("n"), self.var("h")
+        e = self.emit
+        e(ind, f"{c} = b[p]")
+        e(ind, "p += 1")
+        e(ind, f"if {c} > 127:")
+        d = ind + 1
+        e(d, f"{n} = {c} & 127")
+        for i in range(1, 9):
+            shift = 7 * i
+            e(d, f"{c} = b[p]")
+            e(d, "p += 1")
+            if shift < 28:
+                e(d, f"if {c} < 128: {c} = {n} | {c} << {shift}")
+                e(d, "else:")
+                e(d + 1, f"{n} |= ({c} & 127) << {shift}")
+            else:
+                high = f"({h} | {c} << {shift - 28})" if shift > 28 else c
+                e(d, f"if {c} < 128: {c} = {n} | {high} << 28")
+                e(d, "else:")
+                if shift == 28:
+                    e(d + 1, f"{h} = {c} & 127")
+                else:
+                    e(d + 1, f"{h} |= ({c} & 127) << {shift - 28}")
+            d += 1
+        # Nine bytes with the continuation bit: _more reads them again and judges the tenth.
+        e(d, f"{c}, p = _more(b, p - 8, b[p - 9])")
+        e(ind, f"{target} = ({c} >> 1) ^ -({c} & 1)")
+
+    def dec_record(self, s: Any, target: str, ind: int) -> None:
+        binding = self.bindings[s["name"]]
+        local = {}
+        for f in s["fields"]:
+            v = local[f["name"]] = self.var()
+            self.dec(self.resolve(f["type"]), v, ind)
+        if binding.build is not None:
+            expr = binding.build(local)
+        else:
+            cls = self.cls_of[s["name"]]
+            expr = f"{cls}({', '.join(f'{n}={v}' for n, v in local.items())})"
+        self.emit(ind, f"{target} = {expr}")
+
+
+def compile_object_codec(
+    record: Any, bindings: Mapping[str, ObjectBinding]
+) -> tuple[ObjectEncoder, ObjectDecoder] | None:
+    """Encoder and decoder of one record type straight between objects and Avro bytes.
+
+    ``record`` is a record schema as fastavro parsed it (e.g. one branch of a union) and
+    must be self-contained; every record it reaches needs a binding. ``encoder(head, obj)``
+    returns ``head`` + the record's body (raising, like :func:`compile_schema`'s encoder,
+    when the object does not fit: the caller then takes the general path);
+    ``decoder(data, offset)`` returns ``(obj, end offset)`` and raises on a corrupt body,
+    except that a body cut short inside its last string or bytes field returns an end
+    offset past ``len(data)``: the caller must check ``end == len(data)``.
+    ``None`` when the schema or the bindings are not supported.
+    """
+    try:
+        enc = _ObjectEncoderCompiler(record, record_names=True)
+        _bind(enc, bindings)
+        dec = _ObjectDecoderCompiler(record, record_names=False)
+        _bind(dec, bindings)
+        return enc.run(record), dec.run(record)
+    except (Unsupported, KeyError, TypeError, RecursionError):
+        return None
 
 
 def compile_schema(parsed: Any, *, record_names: bool) -> tuple[Encoder, Decoder] | None:

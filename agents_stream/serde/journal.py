@@ -14,6 +14,8 @@ key-state versions) read as their defaults from older writers: no timers, versio
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..durable.errors import JournalDecodeError
@@ -35,7 +37,9 @@ from ..durable.journal import (
 from ..durable.keys import decode_identity, identity_fields
 from ..errors import ConfigurationError
 from .avro import AvroSerde
+from .compiled import _V, ObjectBinding, compile_object_codec
 from .errors import SerdeError, ValueDecodeError
+from .framing import single_object_header
 from .registry import RegistryBinding
 from .schemas import JOURNAL_RECORD_TYPE, load_versions
 
@@ -51,14 +55,37 @@ PROGRESS = _NS + "InputProgress"
 class JournalCodec:
     """Encodes journal entries to value bytes and decodes them back, losslessly.
 
+    Calls and completions (nearly every record) take code generated for their schema
+    branch that goes straight between the dataclass and the bytes; every other entry, a
+    value the generated code declines, and a record of an older writer take the general
+    path (dicts through :class:`AvroSerde`), which the fast path is tested against.
+
     Thread-safe once built; build it with :func:`default_journal_codec`.
     """
 
     def __init__(self, serde: AvroSerde) -> None:
         self.serde = serde
+        self._fast_enc: dict[type, tuple[int, Any]] = {}
+        self._fast_dec: dict[bytes, Any] = {}
+        self._heads: dict[type, bytes] = {}
+        if serde.compiled and serde.writer.canonical == serde.reader.canonical:
+            self._fast_enc, decoders = _fast_codecs(serde.reader.parsed)
+            # Keyed by frame + branch index: one lookup tells framing, writer and kind.
+            prefix = single_object_header(serde.reader.fingerprint)
+            self._fast_dec = {prefix + _V[i << 1]: dec for i, dec in decoders.items()}
+        self._label = serde.reader.label
 
     def encode(self, entry: JournalEntry) -> bytes:
         """The record value of ``entry`` (its key comes from ``entry_key_bytes``)."""
+        fast = self._fast_enc.get(entry.__class__)
+        if fast is not None:
+            head = self._heads.get(entry.__class__)
+            if head is None:  # the header may need the registry: not before the first write
+                head = self._heads[entry.__class__] = self.serde.header() + _V[fast[0] << 1]
+            try:
+                return fast[1](head, entry)
+            except Exception:  # the general path encodes it or says why it cannot
+                pass
         return self.serde.encode({"entry": to_datum(entry)})
 
     def decode(self, key: bytes, value: bytes) -> JournalEntry:
@@ -72,6 +99,21 @@ class JournalCodec:
             JournalDecodeError: undecodable value; carries key, seq, action and call
                 index parsed from ``key`` when the value itself is unreadable.
         """
+        if value.__class__ is bytes:  # slices of other buffers would not be bytes
+            decoder = self._fast_dec.get(value[:11])
+            if decoder is not None:
+                try:
+                    entry, end = decoder(value, 11)
+                except Exception as exc:  # IndexError, struct.error, UnicodeDecodeError, ...
+                    reason = f"corrupt body ({self._label}): {type(exc).__name__}: {exc}"
+                    raise _decode_error(reason, key) from exc
+                if end != len(value):
+                    if end > len(value):
+                        reason = f"corrupt body ({self._label}): length past the end"
+                    else:
+                        reason = f"{len(value) - end} trailing bytes after the body"
+                    raise _decode_error(reason, key)
+                return entry  # type: ignore[no-any-return]
         try:
             name, datum = self.serde.decode(value)["entry"]
             return from_datum(name, datum)
@@ -283,6 +325,141 @@ def from_datum(name: str, d: dict[str, Any]) -> JournalEntry:
             at_ms=d["at_ms"],
         )
     raise ValueDecodeError(f"unknown journal record {name!r}")
+
+
+# Generated decoders build frozen dataclasses as their __init__ would (one
+# object.__setattr__ per field) in one step, for classes _checked_dataclass accepted.
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def _checked_dataclass(cls: type, names: Sequence[str]) -> bool:
+    # Building through __dict__ is only the same object when __init__ does nothing else.
+    return (
+        dataclasses.is_dataclass(cls)
+        and not hasattr(cls, "__post_init__")
+        and "__slots__" not in cls.__dict__
+        and [f.name for f in dataclasses.fields(cls)] == list(names)
+        and all(f.init for f in dataclasses.fields(cls))
+    )
+
+
+def _builder(cls: type, fields: dict[str, str]) -> Any:
+    """``build`` of an ObjectBinding: field -> expression over decoded field values."""
+    name = f"_{cls.__name__}"
+
+    def build(local: Mapping[str, str]) -> str:
+        items = ", ".join(f"{k!r}: {expr.format(**local)}" for k, expr in fields.items())
+        if _checked_dataclass(cls, list(fields)):
+            # _make inlined (no Python frame): the variable is unique per generated record.
+            obj = "_o" + "_".join(local.values())[:40].replace(",", "")
+            return f"(_setattr({obj} := _new({name}), '__dict__', {{{items}}}), {obj})[1]"
+        return f"{name}(**{{{items}}})"
+
+    return build
+
+
+_REF_GET = {
+    "key": "{o}.ref.key",
+    "seq": "{o}.ref.seq",
+    "action": "{o}.ref.action",
+    "partition": "{o}.ref.partition",
+    "topic": "{o}.ref.topic",
+}
+_REF_BUILD = (
+    "(_setattr(_ref := _new(_ActionRef), '__dict__', {{'key': {key}, 'seq': {seq}, "
+    "'action': {action}, 'partition': {partition}, 'topic': {topic}}}), _ref)[1]"
+)
+
+
+def _bindings() -> dict[str, ObjectBinding]:
+    env = {
+        "_new": _new,
+        "_setattr": _setattr,
+        "_ActionRef": ActionRef,
+        "_CallEntry": CallEntry,
+        "_ExceptionInfo": ExceptionInfo,
+        "_ActionDone": ActionDone,
+        "_MemoryUpdate": MemoryUpdate,
+        "_SentEvent": SentEvent,
+        "_TimerUpdate": TimerUpdate,
+        "_STATUS": {s.value: s for s in CallStatus},
+        "_FAILED": CallStatus.FAILED,
+        "_SUCCEEDED": CallStatus.SUCCEEDED,
+    }
+    ref_build = _REF_BUILD
+    if not _checked_dataclass(ActionRef, list(_REF_GET)):
+        ref_build = "_ActionRef({key}, {seq}, {action}, {partition}, {topic})"
+
+    def plain(cls: type, *names: str) -> ObjectBinding:
+        return ObjectBinding(cls, build=_builder(cls, {n: f"{{{n}}}" for n in names}), env=env)
+
+    call_build = _builder(
+        CallEntry,
+        {
+            "ref": ref_build,
+            "index": "{index}",
+            "function_id": "{function_id}",
+            "args_digest": "{args_digest}",
+            # null only from a writer before v2 (the seed's rule, as in from_datum)
+            "status": "(_STATUS[{status}] if {status} is not None else "
+            "_FAILED if {exception} is not None else _SUCCEEDED)",
+            "result": "{result}",
+            "exception": "{exception}",
+            "call_id": "{call_id}",
+            "started_ms": "{started_ms}",
+            "finished_ms": "{finished_ms}",
+            "attempts": "{attempts}",
+            "worker_id": "{worker_id}",
+        },
+    )
+    done_build = _builder(
+        ActionDone,
+        {
+            "ref": ref_build,
+            "memory_updates": "tuple({memory_updates})",
+            "outputs": "tuple({outputs})",
+            "events": "tuple({events})",
+            "calls": "{calls}",
+            "finished_ms": "{finished_ms}",
+            "emitted": "{emitted}",
+            "timers": "tuple({timers})",
+            "memory_version": "{memory_version}",
+        },
+    )
+    return {
+        CALL: ObjectBinding(
+            CallEntry, get={**_REF_GET, "status": "{o}.status.value"}, build=call_build, env=env
+        ),
+        _NS + "ExceptionInfo": plain(ExceptionInfo, "type", "message", "traceback", "args"),
+        DONE: ObjectBinding(ActionDone, get=_REF_GET, build=done_build, env=env),
+        _NS + "MemoryUpdate": plain(MemoryUpdate, "name", "value"),
+        _NS + "SentEvent": plain(SentEvent, "type", "payload"),
+        _NS + "TimerUpdate": plain(TimerUpdate, "kind", "ts", "deleted"),
+    }
+
+
+def _fast_codecs(parsed: Any) -> tuple[dict[type, tuple[int, Any]], dict[int, Any]]:
+    """Object codecs of the union branches that have bindings (calls and completions).
+
+    Returns class -> (branch index, encoder) and branch index -> decoder.
+    """
+    encoders: dict[type, tuple[int, Any]] = {}
+    decoders: dict[int, Any] = {}
+    try:
+        branches = parsed["fields"][0]["type"]
+    except (KeyError, IndexError, TypeError):
+        return encoders, decoders
+    bindings = _bindings()
+    for index, branch in enumerate(branches):
+        name = branch.get("name") if isinstance(branch, dict) else None
+        if name not in (CALL, DONE) or index >= 64:
+            continue
+        codec = compile_object_codec(branch, bindings)
+        if codec is not None:
+            encoders[bindings[name].cls] = (index, codec[0])
+            decoders[index] = codec[1]
+    return encoders, decoders
 
 
 def _ref(ref: ActionRef) -> dict[str, Any]:

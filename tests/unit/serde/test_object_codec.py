@@ -1,0 +1,217 @@
+"""The journal's object codecs (dataclass <-> bytes, no dicts) against fastavro.
+
+The reference is the same codec on fastavro alone (``AvroSerde(compiled=False)``), which
+goes through ``to_datum``/``from_datum`` and fastavro's writer and reader: the fast path
+must write the same bytes, read the same dataclasses, and fail on the same values.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents_stream.durable.errors import JournalDecodeError
+from agents_stream.durable.journal import (
+    ActionDone,
+    ActionRef,
+    CallEntry,
+    CallStatus,
+    ExceptionInfo,
+    MemoryUpdate,
+    SentEvent,
+    TimerUpdate,
+)
+from agents_stream.serde import ValueEncodeError, default_journal_codec
+from agents_stream.serde.avro import AvroSerde
+from agents_stream.serde.compiled import _varint
+from agents_stream.serde.journal import JournalCodec
+from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
+from agents_stream.state.keys import entry_key_bytes
+
+from .fixtures import sample_entries
+
+FAST = default_journal_codec()
+REFERENCE = JournalCodec(AvroSerde(load_versions(JOURNAL_RECORD_TYPE), compiled=False))
+# The dict path over the schema-compiled serde: stricter than fastavro on corrupt bodies
+# (a boolean byte other than 0/1 is an error), which the fast path must stay.
+GENERAL = JournalCodec(AvroSerde(load_versions(JOURNAL_RECORD_TYPE)))
+GENERAL._fast_enc, GENERAL._fast_dec = {}, {}
+PROPS = settings(max_examples=300, deadline=None)
+
+_text = st.text(max_size=12)  # any code point: multi-byte UTF-8 lengths too
+_blob = st.binary(max_size=24)
+# Edges of every varint width, not just small values.
+_long = st.integers(-(2**63), 2**63 - 1) | st.sampled_from(
+    [0, -1, 63, -64, 64, 8191, 8192, 2**20, 1_700_000_000_000, 2**62, -(2**63), 2**63 - 1]
+)
+_int = st.integers(-(2**31), 2**31 - 1)
+refs = st.builds(ActionRef, _text, _long, _text, _int, _text)
+exceptions = st.builds(ExceptionInfo, _text, _text, _text, st.none() | _blob)
+calls = st.builds(
+    CallEntry,
+    ref=refs,
+    index=_int,
+    function_id=_text,
+    args_digest=_text,
+    status=st.sampled_from(CallStatus),
+    result=st.none() | _blob,
+    exception=st.none() | exceptions,
+    call_id=_text,
+    started_ms=_long,
+    finished_ms=_long,
+    attempts=_int,
+    worker_id=_text,
+)
+dones = st.builds(
+    ActionDone,
+    ref=refs,
+    memory_updates=st.lists(st.builds(MemoryUpdate, _text, st.none() | _blob), max_size=3).map(
+        tuple
+    ),
+    outputs=st.lists(_blob, max_size=3).map(tuple),
+    events=st.lists(st.builds(SentEvent, _text, _blob), max_size=3).map(tuple),
+    calls=_int,
+    finished_ms=_long,
+    emitted=st.booleans(),
+    timers=st.lists(
+        st.builds(TimerUpdate, st.sampled_from(["event", "processing"]), _long, st.booleans()),
+        max_size=2,
+    ).map(tuple),
+    memory_version=_long,
+)
+entries = calls | dones
+
+
+def _same_types(a: object, b: object) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, tuple | list):
+        assert isinstance(b, tuple | list)
+        for x, y in zip(a, b, strict=True):
+            _same_types(x, y)
+    elif hasattr(a, "__dataclass_fields__"):
+        for name in a.__dataclass_fields__:  # type: ignore[attr-defined]
+            _same_types(getattr(a, name), getattr(b, name))
+
+
+def test_calls_and_completions_take_the_fast_path():
+    assert set(FAST._fast_enc) == {CallEntry, ActionDone}
+    assert len(FAST._fast_dec) == 2
+    assert not REFERENCE._fast_enc and not REFERENCE._fast_dec
+
+
+@PROPS
+@given(entries)
+def test_same_bytes_and_entries_as_fastavro(entry):
+    key = entry_key_bytes(entry)
+    data = FAST.encode(entry)
+    assert data == REFERENCE.encode(entry)
+    decoded = FAST.decode(key, data)
+    reference = REFERENCE.decode(key, data)
+    assert decoded == reference == entry
+    _same_types(decoded, reference)
+    assert decoded.__dict__ == reference.__dict__  # built without __init__: same fields
+
+
+@pytest.mark.parametrize(
+    "entry", [e for e in sample_entries() if isinstance(e, CallEntry | ActionDone)]
+)
+def test_decoding_does_not_go_through_dicts(entry, monkeypatch):
+    data = FAST.encode(entry)
+
+    def no_dicts(*_):
+        raise AssertionError("general path taken")
+
+    monkeypatch.setattr(FAST.serde, "decode", no_dicts)
+    monkeypatch.setattr(FAST.serde, "encode", no_dicts)
+    assert FAST.encode(entry) == data
+    assert FAST.decode(entry_key_bytes(entry), data) == entry
+
+
+@st.composite
+def damaged(draw):
+    """A valid value damaged after its head (frame + branch): what the fast path sees."""
+    entry = draw(entries)
+    value = bytearray(FAST.encode(entry))
+    how = draw(st.sampled_from(["truncate", "flip", "append", "replace"]))
+    if how == "truncate":
+        value = value[: draw(st.integers(11, len(value) - 1))]
+    elif how == "flip":
+        for _ in range(draw(st.integers(1, 3))):
+            pos = draw(st.integers(11, len(value) - 1))
+            value[pos] ^= 1 << draw(st.integers(0, 7))
+    elif how == "append":
+        value += draw(st.binary(min_size=1, max_size=8))
+    else:
+        value = value[:11] + draw(st.binary(max_size=60))
+    return entry, bytes(value)
+
+
+@PROPS
+@given(damaged())
+def test_damaged_values_fail_like_fastavro(case):
+    """Decodes to what the dict path reads (fastavro's values, see
+    test_compiled.py), or fails naming the slot where it fails, never otherwise."""
+    entry, value = case
+    key = entry_key_bytes(entry)
+    try:
+        expected = GENERAL.decode(key, value)
+    except JournalDecodeError as general:
+        with pytest.raises(JournalDecodeError) as info:
+            FAST.decode(key, value)
+        for where in ("key", "seq", "action", "index"):
+            assert getattr(info.value, where) == getattr(general, where)
+        return
+    assert FAST.decode(key, value) == expected
+
+
+def test_non_canonical_varints_read_like_fastavro():
+    """Padded varints (never written, but valid Avro) read as fastavro reads them."""
+    entry = sample_entries()[1]
+    canonical = FAST.encode(entry)
+    seq = _varint(entry.ref.seq << 1)
+    padded = bytearray(seq)
+    padded[-1] |= 0x80
+    padded += b"\x00"
+    # The body starts with key, then seq: pad the seq varint by one byte.
+    start = 11 + 1 + len(entry.ref.key.encode())
+    assert canonical[start : start + len(seq)] == seq
+    value = canonical[:start] + bytes(padded) + canonical[start + len(seq) :]
+    key = entry_key_bytes(entry)
+    assert FAST.decode(key, value) == REFERENCE.decode(key, value) == entry
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        CallEntry(ActionRef("k", 1, "a"), 2**31, "f", "d", CallStatus.SUCCEEDED),
+        CallEntry(ActionRef("k", 2**63, "a"), 0, "f", "d", CallStatus.SUCCEEDED),
+        CallEntry(ActionRef("k", 1, "a"), 0, "f", "d", CallStatus.SUCCEEDED, result="text"),  # type: ignore[arg-type]
+        ActionDone(ActionRef("k", 1, "a"), outputs=("text",)),  # type: ignore[arg-type]
+        ActionDone(ActionRef("k", 1, "a"), memory_version=-(2**63) - 1),
+    ],
+)
+def test_values_the_fast_path_declines_encode_like_fastavro(entry):
+    """Out of range or of the wrong type: fastavro decides (writes it, or says why not)."""
+    try:
+        expected = REFERENCE.encode(entry)
+    except ValueEncodeError:
+        with pytest.raises(ValueEncodeError):
+            FAST.encode(entry)
+    else:
+        assert FAST.encode(entry) == expected
+
+
+def test_subclasses_take_the_general_path():
+    class Tagged(CallEntry):
+        pass
+
+    entry = Tagged(ActionRef("k", 1, "a"), 0, "f", "d", CallStatus.SUCCEEDED)
+    assert FAST.encode(entry) == REFERENCE.encode(entry)
+
+
+def test_buffers_other_than_bytes_decode_alike():
+    entry = sample_entries()[3]
+    data = FAST.encode(entry)
+    key = entry_key_bytes(entry)
+    assert FAST.decode(key, bytearray(data)) == FAST.decode(key, memoryview(data)) == entry
