@@ -71,6 +71,7 @@ from .journal import (
 )
 from .memory import ShortTermMemory
 from .payload import PayloadCodec, encode_result
+from .pool import CodeBlockPool
 from .timers import Timers
 
 if TYPE_CHECKING:
@@ -412,8 +413,11 @@ class RunnerContext:
         """A sync action on the loop (see ``bridge``) runs its code block in the pool:
         the block may block on I/O, the loop must not."""
         ctx = contextvars.copy_context()
+        executor = self._config.executor
+        if isinstance(executor, CodeBlockPool):
+            return executor.run(ctx.run, _run_guarded, target, args, kwargs)
         return asyncio.get_running_loop().run_in_executor(
-            self._config.executor, ctx.run, _run_guarded, target, args, kwargs
+            executor, ctx.run, _run_guarded, target, args, kwargs
         )
 
     @staticmethod

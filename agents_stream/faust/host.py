@@ -39,7 +39,7 @@ import socket
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from ..app import App, normalize_broker
 from ..durable.context import ContextConfig
 from ..durable.journal import InputProgress, TimerEntry
 from ..durable.payload import JSON, PayloadCodec
+from ..durable.pool import CodeBlockPool
 from ..durable.runner import OutputSink
 from ..errors import ConfigurationError
 from ..host.kit import DurableHost
@@ -156,7 +157,7 @@ class DurableAgent:
         if kafka_config is not None:
             configure(kafka_config)
         self.prune_completed = prune_completed and store is None
-        self._pool = ThreadPoolExecutor(64, thread_name_prefix="agents-stream-action")
+        self._pool = CodeBlockPool(64)
         self._context = ContextConfig(
             app_id=self.app_id,
             worker_id=self.worker_id,

@@ -39,6 +39,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Messa
 
 from ..app import App
 from ..durable.journal import TimerEntry
+from ..durable.pool import CodeBlockPool
 from ..errors import ConfigurationError, KafkaIOError
 from ..host.kit import DurableHost
 from ..kafka.admin import (
@@ -108,7 +109,7 @@ class Worker(CommitProtocol, Rebalancing):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._kafka = ThreadPoolExecutor(1, thread_name_prefix="agents-stream-kafka")
-        self._pool = ThreadPoolExecutor(64, thread_name_prefix="agents-stream-action")
+        self._pool = CodeBlockPool(64)
         self._owned: set[tuple[str, int]] = set()
         self._state_refs: dict[int, int] = defaultdict(int)
         self._finished: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)

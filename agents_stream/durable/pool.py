@@ -1,0 +1,102 @@
+"""CodeBlockPool: the threads that run code blocks, cheap per call.
+
+A code block of a sync action may block on I/O, so it runs on a thread while its action
+waits on the event loop. ``loop.run_in_executor`` over a ``ThreadPoolExecutor`` costs a
+stock Future (with its Condition), a work item, a second future chained onto the loop
+and one loop wake-up per result; with one hop per journaled call that was a large share
+of a record's CPU. Here a call is one queue put, one :class:`AckFuture`, and results
+reach the loop through :func:`~agents_stream.durable.acks.acked`, which wakes the loop
+once per burst of results rather than once per result.
+
+It is also a ``concurrent.futures.Executor`` (``submit``/``shutdown``), so hosts can pass
+it wherever an executor is expected (``execute_async`` of plain functions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Executor, Future
+from typing import Any, TypeVar
+
+from .ackfuture import AckFuture
+from .acks import acked
+
+T = TypeVar("T")
+
+_STOP = object()
+
+
+class CodeBlockPool(Executor):
+    """Up to ``max_workers`` daemon threads, started as work arrives."""
+
+    def __init__(
+        self, max_workers: int = 64, thread_name_prefix: str = "agents-stream-action"
+    ) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be >= 1")
+        self._max = max_workers
+        self._prefix = thread_name_prefix
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._outstanding = 0  # submitted, not finished: more than threads -> one more
+        self._closed = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        fut: AckFuture[T] = AckFuture()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new work after shutdown")
+            self._outstanding += 1
+            if self._outstanding > len(self._threads) and len(self._threads) < self._max:
+                self._start_thread()
+        self._queue.put((fut, fn, args, kwargs))
+        return fut
+
+    def run(self, fn: Callable[..., T], /, *args: Any) -> asyncio.Future[T]:
+        """``fn(*args)`` on a pool thread, awaitable on the running loop."""
+        return acked(self.submit(fn, *args))
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(
+            target=self._work, name=f"{self._prefix}_{len(self._threads)}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            fut, fn, args, kwargs = item
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # delivered to the waiter, as an executor does
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+            del item, fut, fn, args, kwargs  # nothing of a finished call outlives it here
+            with self._lock:
+                self._outstanding -= 1
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not _STOP:
+                    item[0].set_exception(CancelledError())
+        for _ in threads:
+            self._queue.put(_STOP)
+        if wait:
+            for thread in threads:
+                thread.join()
