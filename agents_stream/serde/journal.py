@@ -122,6 +122,14 @@ class JournalCodec:
         except (SerdeError, KeyError, TypeError, ValueError) as exc:
             raise _decode_error(f"{type(exc).__name__}: {exc}", key) from exc
 
+    def current_header(self) -> bytes:
+        """The frame prefix of records this codec writes without a registry (records
+        that start with it need no :meth:`check`); ``b""`` when a registry frames them
+        (its schema id is only known once registered)."""
+        if self.serde.registry is not None:
+            return b""
+        return single_object_header(self.serde.writer.fingerprint)
+
     def check(self, key: bytes, value: bytes) -> None:
         """Cheap validation for bulk replay: known framing and writer schema.
 

@@ -89,6 +89,8 @@ def rebuild_partitions(
     open_parts = set(caches)
     scratch: set[int] = set()
     consumer = Consumer(reader_config(bootstrap))
+    current = codec.current_header()  # records this version writes need no check
+    prefix_len = len(current) if current else -1
     deadline = time.monotonic() + timeout
     progress = Progress(
         f"rebuild of {topic}[{','.join(map(str, sorted(caches)))}]",
@@ -125,6 +127,8 @@ def rebuild_partitions(
             batches: dict[int, list[tuple[bytes, bytes | None]]] = {}
             next_offsets: dict[int, int] = {}
             at_end: list[int] = []
+            # Per record only what is needed: the common record (current schema, nothing
+            # unresolved) costs a prefix compare and an append (rebuild is record-bound).
             for msg in msgs:
                 p = msg.partition()
                 if p not in open_parts:
@@ -135,25 +139,29 @@ def rebuild_partitions(
                         at_end.append(p)
                         continue
                     raise KafkaIOError(f"reading {topic}[{p}]: {err}", code=err.code())
-                if msg.offset() < starts[p]:  # the log restarted below our checkpoint
+                offset = msg.offset()
+                if offset < starts[p]:  # the log restarted below our checkpoint
                     scratch.add(p)
                     open_parts.discard(p)
                     continue
                 key = msg.key() or b""
                 value = msg.value()
                 unresolved = bad[p]
-                if value is not None:
+                if value is not None and value[:prefix_len] != current:
                     try:
                         codec.check(key, value)  # unknown schema or garbage: names the slot
                     except JournalDecodeError as exc:
-                        unresolved[key] = (msg.offset(), exc)
+                        unresolved[key] = (offset, exc)
                     else:
                         if unresolved:
                             unresolved.pop(key, None)
                 elif unresolved:
                     unresolved.pop(key, None)
-                batches.setdefault(p, []).append((key, value))
-                next_offsets[p] = msg.offset() + 1
+                records = batches.get(p)
+                if records is None:
+                    records = batches[p] = []
+                records.append((key, value))
+                next_offsets[p] = offset + 1
             for p, records in batches.items():
                 if p in open_parts:
                     hold = min((offset for offset, _ in bad[p].values()), default=None)
