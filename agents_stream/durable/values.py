@@ -325,10 +325,17 @@ def _enc(v: Any, canon: bool) -> Any:
     return _enc_object(v, canon)
 
 
-def _text(tree: Any, canon: bool) -> str:
-    return json.dumps(
-        tree, sort_keys=canon, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+# Built once: json.dumps with any non-default argument builds a new encoder per call.
+_ENCODERS = {
+    canon: json.JSONEncoder(
+        sort_keys=canon, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
+    for canon in (False, True)
+}
+
+
+def _text(tree: Any, canon: bool) -> str:
+    return _ENCODERS[canon].encode(tree)
 
 
 def _encoded_tree(value: Any, canon: bool, where: str) -> Any:
@@ -357,23 +364,49 @@ def _refusal(at: _At, path: str) -> str:
 def _plain(v: Any, depth: int = 0) -> bool:
     """Whether ``v`` encodes as itself (JSON scalars, lists, dicts of ``str`` keys not
     starting with ``$``): then its encoding is plain ``json.dumps``, without building
-    the tagged tree (outputs and results are mostly such trees; this is the hot path)."""
+    the tagged tree (outputs and results are mostly such trees; this is the hot path, so
+    leaves are tested inline rather than by a call each)."""
     t = type(v)
+    if t is dict:
+        if depth > 64:  # let the general path report (or handle) deep nesting
+            return False
+        for k, item in v.items():
+            if type(k) is not str or k[:1] == "$":
+                return False
+            ti = type(item)
+            if ti is str or ti is bool or item is None:
+                continue
+            if ti is int:
+                if item.bit_length() > _JSON_INT_BITS:
+                    return False
+            elif ti is float:
+                if not math.isfinite(item):
+                    return False
+            elif not _plain(item, depth + 1):
+                return False
+        return True
+    if t is list:
+        if depth > 64:
+            return False
+        for item in v:
+            ti = type(item)
+            if ti is str or ti is bool or item is None:
+                continue
+            if ti is int:
+                if item.bit_length() > _JSON_INT_BITS:
+                    return False
+            elif ti is float:
+                if not math.isfinite(item):
+                    return False
+            elif not _plain(item, depth + 1):
+                return False
+        return True
     if t is str or t is bool or v is None:
         return True
     if t is int:
         return v.bit_length() <= _JSON_INT_BITS  # type: ignore[no-any-return]
     if t is float:
         return math.isfinite(v)
-    if depth > 64:  # let the general path report (or handle) deep nesting
-        return False
-    if t is list:
-        return all(_plain(item, depth + 1) for item in v)
-    if t is dict:
-        return all(
-            type(k) is str and not k.startswith("$") and _plain(item, depth + 1)
-            for k, item in v.items()
-        )
     return False
 
 

@@ -25,13 +25,16 @@ class ValueCodec(Protocol):
     def decode(self, data: bytes) -> Any: ...
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # built once
+
+
 class JsonValueCodec:
     """UTF-8 JSON (the default when no schema is configured)."""
 
     def encode(self, value: Any) -> bytes:
         """Raises ValueEncodeError: ``value`` is not JSON-serializable."""
         try:
-            return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+            return _JSON.encode(value).encode()
         except (TypeError, ValueError) as exc:
             raise ValueEncodeError(f"value is not JSON-serializable: {exc}") from exc
 
