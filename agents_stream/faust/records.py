@@ -106,6 +106,8 @@ def record_input(event: FaustEvent) -> RecordInput:
         partition=int(msg.partition),
         timestamp=int(ts * 1000) if ts else None,
         headers=headers,
+        # As in the worker: a record without a key shares neither memory nor order.
+        keyless=getattr(msg, "key", event.key) is None and event.key is None,
     )
 
 

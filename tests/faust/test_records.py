@@ -204,7 +204,14 @@ def test_record_input_maps_offset_partition_timestamp_headers():
     record = record_input(event)
     assert (record.seq, record.partition, record.timestamp) == (11, 1, 1700000000500)
     assert record.headers == {"trace": b"t1", "s": b"v"}
-    assert record.value == {"n": 1} and record.key == "k"
+    assert record.value == {"n": 1} and record.key == "k" and not record.keyless
+
+
+def test_a_record_without_key_is_keyless_as_in_the_worker():
+    """No shared memory or ordering between keyless records (KeylessRecordError on
+    memory), whichever host runs them."""
+    record = record_input(FakeEvent({"n": 1}, key=None))
+    assert record.key == "" and record.keyless
 
 
 def test_durable_agent_inside_faust_test_context(tmp_path):

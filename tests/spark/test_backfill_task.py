@@ -63,3 +63,21 @@ def test_inputs_below_the_marker_or_committed_offset_are_skipped():
     RAN.clear()
     run_partition(task(committed=((0, 2),)), 0, records(5), [])  # no marker: group offsets
     assert RAN == [2, 3, 4]
+
+
+class Counter(Agent):
+    @action(InputEvent)
+    @staticmethod
+    def process(event: InputEvent, ctx: RunnerContext) -> None:
+        ctx.short_term_memory.set("n", ctx.short_term_memory.get("n", 0) + 1)
+
+
+def test_keyless_inputs_have_no_memory_as_in_the_worker():
+    app = App("bf-keyless", on_error="dlq")
+    app.agent(Counter, input="bf-in")
+    bf = BackfillTask(app, 0, app.id, app.action_state_topic, "unused:9092")
+    keyed = InputRecord(0, 0, "k", b"{}")
+    keyless = InputRecord(0, 1, "", b"{}", keyless=True)
+    rows = sorted(run_partition(bf, 0, [keyed, keyless], []), key=lambda r: r["input_offset"])
+    assert rows[0]["error"] is None
+    assert "KeylessRecordError" in rows[1]["error"]

@@ -145,7 +145,10 @@ def run_backfill(
             return pd.DataFrame(columns=[c.split()[0] for c in RESULT_DDL.split(", ")])
         partition = int(pdf_in["partition"].iloc[0])
         records = [
-            InputRecord(partition, int(o), k or "", v, None if t is None else int(t))
+            InputRecord(
+                partition, int(o), k if isinstance(k, str) else "", v,
+                None if t is None else int(t), keyless=not isinstance(k, str),
+            )
             for o, k, v, t in zip(
                 pdf_in["offset"], pdf_in["key"], pdf_in["value"], pdf_in["timestamp_ms"],
                 strict=True,

@@ -56,6 +56,7 @@ class InputRecord:
     key: str
     value: bytes | None
     timestamp_ms: int | None = None
+    keyless: bool = False  # no record key: no memory, no timers, as in the worker
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,14 @@ async def _run_all(
         try:
             value = in_codec.decode(rec.value)
             outcome = await runner.run(
-                RecordInput(rec.key, rec.offset, value, rec.partition, rec.timestamp_ms)
+                RecordInput(
+                    rec.key,
+                    rec.offset,
+                    value,
+                    rec.partition,
+                    rec.timestamp_ms,
+                    keyless=rec.keyless,
+                )
             )
         except FATAL_ERRORS:
             # An unreadable journal or a strict-mode divergence: no state may be guessed,
