@@ -5,25 +5,30 @@ compacted ActionState topic; after a crash or rebalance the action re-runs and j
 calls are replayed instead of executed again.
 """
 
-from .agent import Agent, action
-from .app import App
-from .durable import (
-    CodeBlockViolation,
-    DurableCallable,
-    DurableCallError,
-    JournalDecodeError,
-    NonDeterminismError,
-    PickleCodec,
-    ResultTooLargeError,
-    RetryPolicy,
-    RunnerContext,
-    UnsupportedValueError,
-    register_codec,
-    register_type,
-)
-from .durable.timers import Timers
-from .errors import AgentsStreamError, ConfigurationError
-from .events import Event, InputEvent, OutputEvent, TimerEvent
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .agent import Agent, action
+    from .aio import AsyncRetryStrategies
+    from .app import App
+    from .durable import (
+        CodeBlockViolation,
+        DurableCallable,
+        DurableCallError,
+        JournalDecodeError,
+        NonDeterminismError,
+        PickleCodec,
+        ResultTooLargeError,
+        RetryPolicy,
+        RunnerContext,
+        UnsupportedValueError,
+        register_codec,
+        register_type,
+    )
+    from .durable.timers import Timers
+    from .errors import AgentsStreamError, ConfigurationError
+    from .events import Event, InputEvent, OutputEvent, TimerEvent
 
 __all__ = [
     "Agent",
@@ -54,10 +59,32 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
-    # The Async I/O package is only loaded when used.
-    if name == "AsyncRetryStrategies":
-        from .aio import AsyncRetryStrategies
+# Where each public name lives. Loaded on first use, so that importing one component
+# (e.g. the generic Kafka data source for Spark, agents_stream.spark.source) does not
+# load the app, the durable core and their dependencies.
+_HOME = {
+    "Agent": ".agent",
+    "action": ".agent",
+    "App": ".app",
+    "AsyncRetryStrategies": ".aio",
+    "Timers": ".durable.timers",
+    "AgentsStreamError": ".errors",
+    "ConfigurationError": ".errors",
+    "Event": ".events",
+    "InputEvent": ".events",
+    "OutputEvent": ".events",
+    "TimerEvent": ".events",
+}
 
-        return AsyncRetryStrategies
-    raise AttributeError(f"module 'agents_stream' has no attribute {name!r}")
+
+def __getattr__(name: str) -> object:
+    if name not in __all__:
+        raise AttributeError(f"module 'agents_stream' has no attribute {name!r}")
+    module = importlib.import_module(_HOME.get(name, ".durable"), __name__)
+    value = getattr(module, name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
