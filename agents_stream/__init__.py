@@ -5,8 +5,9 @@ compacted ActionState topic; after a crash or rebalance the action re-runs and j
 calls are replayed instead of executed again.
 """
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ._lazy import lazy_namespace
 
 if TYPE_CHECKING:
     from .agent import Agent, action
@@ -77,14 +78,6 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name not in __all__:
-        raise AttributeError(f"module 'agents_stream' has no attribute {name!r}")
-    module = importlib.import_module(_HOME.get(name, ".durable"), __name__)
-    value = getattr(module, name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_namespace(
+    __name__, globals(), {name: _HOME.get(name, ".durable") for name in __all__}, __all__
+)

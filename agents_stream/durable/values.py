@@ -55,7 +55,7 @@ import math
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime, time, timedelta, timezone, tzinfo
 from decimal import Decimal
 from typing import Any
@@ -364,43 +364,15 @@ def _refusal(at: _At, path: str) -> str:
 def _plain(v: Any, depth: int = 0) -> bool:
     """Whether ``v`` encodes as itself (JSON scalars, lists, dicts of ``str`` keys not
     starting with ``$``): then its encoding is plain ``json.dumps``, without building
-    the tagged tree (outputs and results are mostly such trees; this is the hot path, so
-    leaves are tested inline rather than by a call each)."""
+    the tagged tree (outputs and results are mostly such trees; this is the hot path)."""
     t = type(v)
     if t is dict:
-        if depth > 64:  # let the general path report (or handle) deep nesting
-            return False
-        for k, item in v.items():
+        for k in v:
             if type(k) is not str or k[:1] == "$":
                 return False
-            ti = type(item)
-            if ti is str or ti is bool or item is None:
-                continue
-            if ti is int:
-                if item.bit_length() > _JSON_INT_BITS:
-                    return False
-            elif ti is float:
-                if not math.isfinite(item):
-                    return False
-            elif not _plain(item, depth + 1):
-                return False
-        return True
+        return depth <= 64 and _plain_all(v.values(), depth)
     if t is list:
-        if depth > 64:
-            return False
-        for item in v:
-            ti = type(item)
-            if ti is str or ti is bool or item is None:
-                continue
-            if ti is int:
-                if item.bit_length() > _JSON_INT_BITS:
-                    return False
-            elif ti is float:
-                if not math.isfinite(item):
-                    return False
-            elif not _plain(item, depth + 1):
-                return False
-        return True
+        return depth <= 64 and _plain_all(v, depth)
     if t is str or t is bool or v is None:
         return True
     if t is int:
@@ -408,6 +380,24 @@ def _plain(v: Any, depth: int = 0) -> bool:
     if t is float:
         return math.isfinite(v)
     return False
+
+
+def _plain_all(items: Iterable[Any], depth: int) -> bool:
+    # Leaves are tested inline: a call per leaf was most of the check's cost. Past
+    # depth 64 the general path reports (or handles) the nesting.
+    for item in items:
+        ti = type(item)
+        if ti is str or ti is bool or item is None:
+            continue
+        if ti is int:
+            if item.bit_length() > _JSON_INT_BITS:
+                return False
+        elif ti is float:
+            if not math.isfinite(item):
+                return False
+        elif not _plain(item, depth + 1):
+            return False
+    return True
 
 
 def _tree(value: Any, canon: bool, where: str) -> Any:

@@ -19,8 +19,9 @@ the offset planner stay usable without a JVM.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_namespace
 
 if TYPE_CHECKING:
     from .errors import KafkaSourceError, KafkaSourceOptionError, SparkUnavailableError
@@ -90,14 +91,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_namespace(
+    __name__, globals(), {name: f".{home}" for name, home in _EXPORTS.items()}, __all__
+)

@@ -9,8 +9,9 @@ import); :mod:`.state_writer` appends journal entries with the store's key layou
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..._lazy import lazy_namespace
 
 if TYPE_CHECKING:
     from .action_state import (
@@ -48,14 +49,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_namespace(
+    __name__, globals(), {name: f".{home}" for name, home in _EXPORTS.items()}, __all__
+)
