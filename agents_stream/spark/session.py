@@ -105,7 +105,10 @@ def get_spark(app_name: str = "agents-stream", master: str | None = None) -> Spa
 
 
 def register_data_sources(spark: SparkSession) -> None:
-    """Registers ``agents_stream.kafka`` with ``spark`` (idempotent)."""
+    """Registers ``agents_stream.kafka`` and ``agents_stream.journal`` with ``spark``
+    (idempotent)."""
+    from .frames.journal_source import JournalDataSource
     from .source.datasource import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)
+    spark.dataSource.register(JournalDataSource)

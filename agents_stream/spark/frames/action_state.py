@@ -7,8 +7,15 @@ Reading is three steps, each a plain DataFrame transformation:
 2. :func:`compact`: keep the last record per ``(Kafka partition, Kafka key)`` by offset,
    then drop keys whose last record is a tombstone: what log compaction converges to,
    whether or not the broker has compacted yet.
-3. Decode the live values on executors (``mapInArrow``) into journal rows
-   (:mod:`agents_stream.spark.frames.journal_rows`), from any schema version.
+3. Decode the live values on executors into journal rows
+   (:mod:`agents_stream.spark.frames.journal_rows`), from any schema version, in Arrow
+   batches.
+
+:func:`read_journal` does all three in the partition readers of the
+``agents_stream.journal`` source (:mod:`.journal_source`: one reader per Kafka partition
+compacts it in memory and decodes it, no shuffle); with ``maxRecordsPerPartition`` or
+``minPartitions`` (a partition split over readers) it reads with ``agents_stream.kafka``,
+compacts with :func:`compact` and decodes with :func:`decode_journal` (``mapInArrow``).
 
 :func:`read_journal` returns those flat rows (one per live record);
 :func:`read_action_states` groups them into one row per ActionState
@@ -26,7 +33,9 @@ from pyspark.sql import functions as F
 
 from ...app import App
 from ..source.datasource import read_kafka
+from ..source.options import KafkaSourceOptions, source_options
 from .journal_rows import JOURNAL_DDL, decode_batches
+from .journal_source import JOURNAL_SOURCE_NAME, JournalDataSource
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -137,8 +146,22 @@ def read_journal(
         ``undecodable``.
     """
     topic, registry = _target(app_or_topic, registry_url)
-    raw = read_kafka(spark, bootstrap, topic, starting, ending, includeHeaders="false", **options)
-    return decode_journal(compact(raw), registry_url=registry, topic=topic, include_raw=include_raw)
+    if {k.lower() for k in options} & {"maxrecordsperpartition", "minpartitions"}:
+        # A Kafka partition split over several readers: compaction needs the shuffle.
+        raw = read_kafka(
+            spark, bootstrap, topic, starting, ending, includeHeaders="false", **options
+        )
+        return decode_journal(
+            compact(raw), registry_url=registry, topic=topic, include_raw=include_raw
+        )
+    opts = source_options(bootstrap, topic, starting=starting, ending=ending, **options)
+    KafkaSourceOptions.from_options(opts)  # mistakes raise here, typed, not in a Java trace
+    if registry:
+        opts["journal.registryUrl"] = registry
+        opts["journal.topic"] = topic
+    opts["journal.includeRaw"] = "true" if include_raw else "false"
+    spark.dataSource.register(JournalDataSource)
+    return spark.read.format(JOURNAL_SOURCE_NAME).options(**opts).load()
 
 
 def action_states(journal: DataFrame) -> DataFrame:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
@@ -103,14 +104,20 @@ def payload_json(data: bytes | None) -> str | None:
     """``data`` as JSON text if it is UTF-8 JSON, else ``None`` (never unpickled)."""
     if data is None:
         return None
-    if bytes(data[:2]) == TAGGED_HEADER:  # the exact value encoding: its tagged JSON
+    if data.__class__ is not bytes:
+        data = bytes(data)
+    if data[:2] == TAGGED_HEADER:  # the exact value encoding: its tagged JSON
         data = data[2:]
     try:
-        text = bytes(data).decode("utf-8")
-        json.loads(text)
+        text = data.decode("utf-8")
+        _json_decode(text)
     except (UnicodeDecodeError, ValueError):
         return None
     return text
+
+
+# json.loads without its argument checks (a str is all it is given here): per payload.
+_json_decode = json.JSONDecoder().decode
 
 
 def entry_row(entry: JournalEntry) -> dict[str, Any]:
@@ -227,19 +234,200 @@ def decode_batches(
     codec = default_journal_codec(registry_url, topic)
     for batch in batches:
         cols = batch.to_pydict()
-        rows = []
-        for key, value, partition, offset, ts in zip(
+        yield journal_batch(
+            codec,
             cols["key"],
             cols["value"],
             cols["partition"],
             cols["offset"],
             cols["timestamp_ms"],
-            strict=True,
-        ):
-            row = decode_record(codec, key, value, include_raw=include_raw)
-            row["partition"], row["offset"], row["timestamp_ms"] = partition, offset, ts
-            rows.append(row)
-        yield pa.RecordBatch.from_pylist(rows, schema=JOURNAL_ARROW_SCHEMA)
+            include_raw=include_raw,
+        )
+
+
+_RAW = JOURNAL_COLUMNS.index("raw_value")
+_NONE_ROW = (None,) * (len(JOURNAL_COLUMNS) - 3)
+
+
+def journal_batch(
+    codec: JournalCodec,
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes],
+    partitions: Sequence[int],
+    offsets: Sequence[int],
+    timestamps: Sequence[int],
+    *,
+    include_raw: bool = False,
+) -> pa.RecordBatch:
+    """One journal-row batch (:data:`JOURNAL_ARROW_SCHEMA`) of live records, column-wise.
+
+    Each record is decoded once and becomes one tuple in column order (calls and
+    completions without an intermediate dict); the tuples are transposed in C and each
+    column goes to Arrow in one call. Rows equal :func:`decode_record`'s.
+    """
+    decode = codec.decode
+    rows = []
+    for key, value, partition, offset, ts in zip(
+        keys, values, partitions, offsets, timestamps, strict=True
+    ):
+        try:
+            entry = decode(key, value)  # type: ignore[arg-type]
+        except JournalDecodeError as exc:
+            body = _row_values({"kind": "undecodable", "error": str(exc), **_key_fields(exc)})
+        else:
+            cls = entry.__class__
+            if cls is CallEntry:
+                body = _call_values(entry)  # type: ignore[arg-type]
+            elif cls is ActionDone:
+                body = _done_values(entry)  # type: ignore[arg-type]
+            else:
+                body = _row_values(entry_row(entry))
+        rows.append((partition, offset, ts, *body))
+    columns: list[Sequence[Any]] = (
+        list(zip(*rows, strict=True)) if rows else [()] * len(JOURNAL_COLUMNS)
+    )
+    if include_raw:
+        columns[_RAW] = values
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(col, field.type)
+            for col, field in zip(columns, JOURNAL_ARROW_SCHEMA, strict=True)
+        ],
+        schema=JOURNAL_ARROW_SCHEMA,
+    )
+
+
+def _row_values(row: dict[str, Any]) -> tuple[Any, ...]:
+    # Everything but partition, offset, timestamp_ms (the record's, not the entry's).
+    get = row.get
+    return tuple(get(name) for name in JOURNAL_COLUMNS[3:])
+
+
+@lru_cache(maxsize=4096)
+def _action_name(action: str) -> str:
+    # A handful of distinct action ids repeat over every record of a topic.
+    return action_name(action)
+
+
+def _call_values(e: CallEntry) -> tuple[Any, ...]:
+    """:func:`entry_row` of a call, as a tuple in column order (after the coordinates)."""
+    ref, exc, result = e.ref, e.exception, e.result
+    return (
+        "call",
+        ref.key,
+        ref.seq,
+        ref.action,
+        _action_name(ref.action),
+        e.index,
+        e.function_id,
+        e.args_digest,
+        e.status.value,
+        payload_json(result),
+        None if result is None else len(result),
+        exc.type if exc else None,
+        exc.message if exc else None,
+        e.call_id,
+        e.started_ms,
+        e.finished_ms,
+        e.attempts,
+        e.worker_id,
+        None,  # outputs_count
+        None,  # outputs_json
+        None,  # emitted
+        None,  # calls
+        None,  # events
+        None,  # memory_updates
+        None,  # expected_function_id
+        None,  # recorded_function_id
+        None,  # expected_args_digest
+        None,  # recorded_args_digest
+        None,  # dropped
+        None,  # at_ms
+        None,  # error
+        None,  # raw_value
+        ref.topic,
+    )
+
+
+def _done_values(e: ActionDone) -> tuple[Any, ...]:
+    """:func:`entry_row` of a completion, as a tuple in column order."""
+    ref = e.ref
+    return (
+        "done",
+        ref.key,
+        ref.seq,
+        ref.action,
+        _action_name(ref.action),
+        None,  # index
+        None,  # function_id
+        None,  # args_digest
+        None,  # status
+        None,  # result_json
+        None,  # result_size
+        None,  # exception_type
+        None,  # exception_message
+        None,  # call_id
+        None,  # started_ms
+        e.finished_ms,
+        None,  # attempts
+        None,  # worker_id
+        len(e.outputs),
+        [payload_json(o) for o in e.outputs],
+        e.emitted,
+        e.calls,
+        len(e.events),
+        len(e.memory_updates),
+        None,  # expected_function_id
+        None,  # recorded_function_id
+        None,  # expected_args_digest
+        None,  # recorded_args_digest
+        None,  # dropped
+        None,  # at_ms
+        None,  # error
+        None,  # raw_value
+        ref.topic,
+    )
+
+
+def live_records(messages: Iterable[Iterable[Any]]) -> list[Any]:
+    """What compaction leaves of one Kafka partition read in offset order: the last
+    record of each key, keys whose last record is a tombstone dropped (as
+    :func:`~agents_stream.spark.frames.action_state.compact`, without a shuffle).
+
+    ``messages``: lists of confluent-kafka messages, in offset order.
+    """
+    live: dict[bytes | None, Any] = {}
+    pop = live.pop
+    for batch in messages:
+        for m in batch:
+            key = m.key()
+            if m.value() is None:
+                pop(key, None)
+            else:
+                live[key] = m
+    return list(live.values())
+
+
+def journal_batches_of(
+    codec: JournalCodec,
+    records: Sequence[Any],
+    partition: int,
+    *,
+    include_raw: bool = False,
+    batch_size: int = 10_000,
+) -> Iterator[pa.RecordBatch]:
+    """Journal-row batches of live confluent-kafka messages of one partition."""
+    for start in range(0, len(records), batch_size):
+        chunk = records[start : start + batch_size]
+        yield journal_batch(
+            codec,
+            [m.key() for m in chunk],
+            [m.value() for m in chunk],
+            [partition] * len(chunk),
+            [m.offset() for m in chunk],
+            [m.timestamp()[1] for m in chunk],
+            include_raw=include_raw,
+        )
 
 
 def decode_entries(

@@ -28,6 +28,7 @@ app's group is only *asked* for its committed offsets). Steps, each a named Spar
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from .common import committed_offsets, log, partition_counts, step
 from .progress import planned_records
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 TABLES = (
@@ -383,28 +385,49 @@ def _summary(
     now_ms: int,
     stuck_after_s: float,
 ) -> dict[str, Any]:
-    kinds = {r["kind"]: r["count"] for r in journal.groupBy("kind").count().collect()}
-    status = {
-        r["status"]: r["count"]
-        for r in journal.where("kind = 'call'").groupBy("status").count().collect()
-    }
-    total_states = states.count()
+    # Two Spark jobs for every figure (not one per figure): each job costs more than the
+    # aggregation itself on a cached journal.
+    is_call = F.col("kind") == "call"
+
+    def where(cond: Any) -> Any:
+        return F.sum(F.when(cond, 1).otherwise(0))
+
+    def status(name: str) -> Any:
+        return where(is_call & (F.col("status") == name)).alias(name)
+
+    j = journal.agg(
+        status("SUCCEEDED"),
+        status("FAILED"),
+        status("PENDING"),
+        # the rows of tables["stuck"] (journal_tables), counted
+        where(
+            is_call
+            & (F.col("status") == "PENDING")
+            & (F.col("started_ms") < F.lit(now_ms - int(stuck_after_s * 1000)))
+        ).alias("stuck"),
+        *(where(F.col("kind") == k).alias(k) for k in ("truncation", "undecodable", "memory")),
+    ).collect()[0]
+    s = states.agg(
+        F.count("*").alias("states"),
+        where(F.col("completed")).alias("completed"),
+        where(~F.col("completed")).alias("in_flight"),  # the rows of tables["in_flight"]
+    ).collect()[0]
     summary: dict[str, Any] = {
         "app": app.id,
         "action_state_topic": app.action_state_topic,
         "audited_at_ms": now_ms,
         "journal_records": records,
-        "action_states": total_states,
-        "completed_action_states": states.where("completed").count(),
-        "in_flight_action_states": tables["in_flight"].count(),
-        "calls_succeeded": status.get("SUCCEEDED", 0),
-        "calls_failed": status.get("FAILED", 0),
-        "calls_pending": status.get("PENDING", 0),
+        "action_states": s["states"],
+        "completed_action_states": s["completed"] or 0,
+        "in_flight_action_states": s["in_flight"] or 0,
+        "calls_succeeded": j["SUCCEEDED"] or 0,
+        "calls_failed": j["FAILED"] or 0,
+        "calls_pending": j["PENDING"] or 0,
         "stuck_after_s": stuck_after_s,
-        "stuck_calls": tables["stuck"].count(),
-        "truncations": kinds.get("truncation", 0),
-        "undecodable_records": kinds.get("undecodable", 0),
-        "memory_snapshots": kinds.get("memory", 0),
+        "stuck_calls": j["stuck"] or 0,
+        "truncations": j["truncation"] or 0,
+        "undecodable_records": j["undecodable"] or 0,
+        "memory_snapshots": j["memory"] or 0,
     }
     if "missing_inputs" in tables:
         missing = {
@@ -445,13 +468,35 @@ _COLUMNS = {
 }
 
 
+_REPORT_ROWS = 1000
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    """What ``DataFrame.write.mode("overwrite").parquet`` leaves for a small table: the
+    directory replaced by one part file and a ``_SUCCESS`` marker."""
+    import pyarrow.parquet as pq
+
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    pq.write_table(table, path / "part-00000.snappy.parquet", compression="snappy")
+    (path / "_SUCCESS").touch()
+
+
 def _write(result: AuditResult, out_dir: Path, app: App) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     sections: list[report.Section] = []
     for name, table in result.tables.items():
-        table.write.mode("overwrite").parquet(str(out_dir / name))
-        rows = [r.asDict() for r in table.limit(1000).collect()]
-        sections.append((name.replace("_", " "), rows, _COLUMNS[name]))
+        # One Spark job per table in the common case: the first rows the report shows
+        # are the whole table, and the driver writes them (out_dir is local: the reports
+        # are written there too). A larger table is written by Spark.
+        head = table.limit(_REPORT_ROWS + 1).toArrow()
+        if head.num_rows <= _REPORT_ROWS:
+            _write_parquet(head, out_dir / name)
+        else:
+            table.write.mode("overwrite").parquet(str(out_dir / name))
+            head = head.slice(0, _REPORT_ROWS)
+        sections.append((name.replace("_", " "), head.to_pylist(), _COLUMNS[name]))
     result.out_dir = out_dir
     (out_dir / "summary.json").write_text(json.dumps(result.summary, indent=2))
     status_rows = sections[0][1]

@@ -71,9 +71,34 @@ def read_range(
             the partition ends before ``rng.end`` (with ``fail_on_data_loss``), or no
             progress was made within ``poll_timeout_s``.
     """
+    schema = arrow_schema(include_headers=include_headers)
+    for records in read_messages(
+        consumer_conf,
+        rng,
+        batch_size=batch_size,
+        poll_timeout_s=poll_timeout_s,
+        fail_on_data_loss=fail_on_data_loss,
+    ):
+        yield _to_batch(records, rng, schema, include_headers)
+
+
+def read_messages(
+    consumer_conf: Mapping[str, str | bool],
+    rng: OffsetRange,
+    *,
+    batch_size: int = 10_000,
+    poll_timeout_s: float = 120.0,
+    fail_on_data_loss: bool = True,
+) -> Iterator[list[Message]]:
+    """:func:`read_range` before the Arrow step: the data records of ``rng`` in offset
+    order, in non-empty lists of at most ``batch_size`` (for readers that turn records
+    into something else than Kafka columns, e.g. decoded journal rows).
+
+    Raises:
+        KafkaSourceError: as :func:`read_range`.
+    """
     if rng.size <= 0:
         return
-    schema = arrow_schema(include_headers=include_headers)
     consumer = Consumer(dict(consumer_conf))
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
@@ -96,7 +121,7 @@ def read_range(
             last_progress = time.monotonic()
             records, position, done = _in_range(msgs, rng, position, fail_on_data_loss)
             if records:
-                yield _to_batch(records, rng, schema, include_headers)
+                yield records
             if done:
                 break
     finally:
