@@ -112,3 +112,29 @@ def test_splitting_options_are_refused_by_the_journal_source():
 
     with pytest.raises(KafkaSourceOptionError, match="maxRecordsPerPartition"):
         _split({"maxRecordsPerPartition": "10", "subscribe": "t"})
+
+
+@pytest.mark.spark
+def test_audit_state_counts_give_the_tables_of_action_states(spark):
+    """The audit's light per-state counts give the same in_flight table and counts as
+    the full ``action_states`` (truncation-only states included)."""
+    from agents_stream.durable.journal import Truncation
+    from agents_stream.spark.frames.journal_rows import JOURNAL_DDL
+    from agents_stream.spark.jobs.audit import journal_tables, state_counts
+
+    ref2 = ActionRef("k2", 8, "A.run#0", partition=1, topic="in")
+    entries = [*_entries(), Truncation(ref2, 0, "f", "a", "g", "b", dropped=1)]
+    batch = journal_batch(
+        CODEC,
+        [entry_key_bytes(e) for e in entries],
+        [CODEC.encode(e) for e in entries],
+        [0] * len(entries),
+        list(range(len(entries))),
+        [1] * len(entries),
+    )
+    journal = spark.createDataFrame(batch.to_pylist(), JOURNAL_DDL)
+    full = journal_tables(journal, stuck_after_ms=0, now_ms=10)
+    light = journal_tables(journal, stuck_after_ms=0, now_ms=10, states=state_counts(journal))
+    assert light["in_flight"].collect() == full["in_flight"].collect()
+    assert len(full["in_flight"].collect()) == 1  # the truncation-only state
+    assert state_counts(journal).count() == 2

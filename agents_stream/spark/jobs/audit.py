@@ -98,7 +98,9 @@ def journal_tables(
             "pending_calls",
             "failed_calls",
             "succeeded_calls",
-            F.size("calls").alias("calls"),
+            (F.col("call_count") if "call_count" in states.columns else F.size("calls")).alias(
+                "calls"
+            ),
         )
         .orderBy("partition", "seq", "action"),
         "stuck": calls.where(
@@ -144,6 +146,30 @@ def journal_tables(
             "partition", "offset", "key", "seq", "action", "index", "error"
         ),
     }
+
+
+def state_counts(journal: DataFrame) -> DataFrame:
+    """What the audit needs of :func:`~agents_stream.spark.frames.action_state.action_states`:
+    one row per ActionState with its call counts and whether it completed, without the
+    nested call slots (``call_count`` instead of ``calls``).
+
+    Counting aggregates partially before the shuffle; collecting every call's struct does
+    not, and cost the audit more than decoding.
+    """
+    # The rows action_states groups: a truncation alone makes an (in-flight) ActionState.
+    rows = journal.where(F.col("kind").isin("call", "done", "truncation"))
+    is_call = F.col("kind") == "call"
+
+    def count_status(status: str) -> Any:
+        return F.sum(F.when(is_call & (F.col("status") == status), 1).otherwise(0))
+
+    return rows.groupBy("partition", "topic", "key", "seq", "action").agg(
+        F.sum(F.when(is_call, 1).otherwise(0)).alias("call_count"),
+        count_status("PENDING").alias("pending_calls"),
+        count_status("FAILED").alias("failed_calls"),
+        count_status("SUCCEEDED").alias("succeeded_calls"),
+        F.max(F.col("kind") == "done").alias("completed"),
+    )
 
 
 def input_topic(topic_col: Any, legacy_topic: str | None) -> Any:
@@ -284,7 +310,7 @@ def run_audit(
     with step(spark, "audit", f"read and decode {app.action_state_topic}", records=state_records):
         journal = read_journal(spark, bootstrap, app, **read_options).drop("raw_value").cache()
         records = journal.count()
-        states = action_states(journal).cache()
+        states = state_counts(journal).cache()
     tables = journal_tables(
         journal, stuck_after_ms=int(stuck_after_s * 1000), now_ms=now_ms, states=states
     )
