@@ -21,6 +21,9 @@ INPUTS = 2000
 KEYS = 4  # few keys: the run spans many kills (same key is sequential)
 
 
+# Its own deadline (480 s below) governs: eight kills each wait out a 6 s session
+# timeout, and the app's async action runs its sync code blocks inline, one at a time.
+@pytest.mark.timeout(600)
 def test_f_chaos_random_sigkills(broker, topic_factory, worker_factory, tmp_path, capsys):
     rng = random.Random(20261122)
     db_path = tmp_path / "effects.sqlite"
