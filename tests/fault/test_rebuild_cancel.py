@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -68,6 +69,16 @@ def write_journal(bootstrap: str, topic: str, input_topic: str) -> None:
     assert producer.flush(120) == 0
 
 
+def wal_bytes(cache: Path) -> int:
+    total = 0
+    for wal in cache.glob("[0-9]*.log"):
+        try:
+            total += wal.stat().st_size
+        except FileNotFoundError:  # rotated away meanwhile
+            pass
+    return total
+
+
 def test_sigterm_during_cache_rebuild_stops_promptly_and_keeps_the_checkpoint(
     broker, topic_factory, worker_factory, tmp_path, capsys
 ):
@@ -91,7 +102,11 @@ def test_sigterm_during_cache_rebuild_stops_promptly_and_keeps_the_checkpoint(
     while not cache.exists():  # the cache is opened right before its rebuild
         assert worker.alive and time.monotonic() < deadline, worker.log()
         time.sleep(0.02)
-    time.sleep(2.0)  # ~1 s to the first fetch, then tens of thousands of records/s
+    # Stop once the first batches are applied (the cache's write-ahead log grows); the
+    # whole rebuild takes ~2 s here, so a fixed delay raced it.
+    while wal_bytes(cache) < 100_000:
+        assert worker.alive and time.monotonic() < deadline, worker.log()
+        time.sleep(0.005)
     assert worker.proc is not None
     stop_sent = time.monotonic()
     code = worker.terminate(timeout=30)

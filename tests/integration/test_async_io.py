@@ -184,7 +184,12 @@ def test_sigkill_with_calls_in_flight_loses_nothing(broker, topic_factory, worke
     )
     first = worker_factory(APP, env)
     wait_for_log(first, "assigned", timeout=30)
-    time.sleep(1.5)  # ~100 outputs/s: a fraction is done, 40 calls in flight
+    # ~100 outputs/s once fetching: kill when a fraction is done, 40 calls in flight (a
+    # fixed delay after the assignment raced a slow first fetch on a loaded machine).
+    deadline = time.monotonic() + 30
+    while len(read_topic(broker.bootstrap, env["AS_OUTPUT"])) < 20:
+        assert first.alive and time.monotonic() < deadline, first.log()
+        time.sleep(0.1)
     first.kill()
     before_crash = len(read_topic(broker.bootstrap, env["AS_OUTPUT"]))
     assert 0 < before_crash < n, f"{before_crash} outputs: crash not mid-stream\n{first.log()}"
