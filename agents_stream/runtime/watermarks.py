@@ -25,6 +25,10 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+_NEVER = float("-inf")
+_FOREVER = float("inf")
+
+
 @dataclass
 class _PartitionState:
     max_timestamp: int
@@ -61,6 +65,17 @@ class WatermarkGenerator:
         self._clock = clock
         self._partitions: dict[Hashable, _PartitionState] = {}
         self._current: int | None = None
+        # on_record runs for every input record, so the minimum over the active
+        # partitions is kept incrementally instead of rescanned. Invariant: ``_active``
+        # maps exactly the partitions active at ``_eval_now`` to their max timestamp,
+        # ``_min`` is its smallest value (None when empty), and no active partition
+        # turns idle before ``_next_idle_at`` (a lower bound: an early rescan is only
+        # wasted work). Idle partitions stay idle as time moves forward, so until
+        # ``_next_idle_at`` the active set changes only by records and ``forget``.
+        self._active: dict[Hashable, int] = {}
+        self._min: int | None = None
+        self._eval_now = _NEVER
+        self._next_idle_at = _FOREVER
 
     @property
     def current(self) -> int | None:
@@ -75,14 +90,49 @@ class WatermarkGenerator:
         A record older than its partition's maximum (out of order, or late) changes no
         watermark but still marks the partition active.
         """
-        now = self._clock() if now_ms is None else now_ms
+        timeout = self.idle_timeout_ms
+        if now_ms is not None:
+            now = now_ms
+        elif timeout is not None:
+            now = self._clock()
+        else:
+            now = 0  # never idle: processing time is not needed
         state = self._partitions.get(partition)
         if state is None:
+            high = timestamp
             self._partitions[partition] = _PartitionState(timestamp, now)
         else:
-            state.max_timestamp = max(state.max_timestamp, timestamp)
+            high = state.max_timestamp
+            if timestamp > high:
+                high = state.max_timestamp = timestamp
             state.last_active_ms = now
-        return self._advance(now)
+        if timeout is not None:
+            if now < self._eval_now or now >= self._next_idle_at:
+                # The clock went back (idle partitions may be active again) or an
+                # active one may have gone idle: rescan.
+                return self._advance(now)
+            self._eval_now = now
+            deadline = now + timeout
+            if deadline < self._next_idle_at:
+                self._next_idle_at = deadline
+        active = self._active
+        previous = active.get(partition)
+        lowest = self._min
+        if previous is None:  # new, or idle until this record: it rejoins the minimum
+            active[partition] = high
+            if lowest is None or high < lowest:
+                lowest = self._min = high
+        elif high != previous:
+            active[partition] = high
+            if previous == lowest:  # it may have held the minimum alone
+                lowest = self._min = min(active.values())
+        assert lowest is not None
+        candidate = lowest - self.out_of_orderness_ms - 1
+        current = self._current
+        if current is not None and candidate <= current:
+            return None
+        self._current = candidate
+        return candidate
 
     def on_idle_check(self, now_ms: int | None = None) -> int | None:
         """Re-evaluates idleness at ``now_ms``; returns the watermark if it advanced.
@@ -95,6 +145,9 @@ class WatermarkGenerator:
     def forget(self, partition: Hashable) -> None:
         """Drops a partition (revoked): it no longer holds the watermark back."""
         self._partitions.pop(partition, None)
+        previous = self._active.pop(partition, None)
+        if previous is not None and previous == self._min:
+            self._min = min(self._active.values(), default=None)
 
     def is_idle(self, partition: Hashable, now_ms: int) -> bool:
         """True if ``partition`` is unknown or had no record for ``idle_timeout_ms``."""
@@ -106,14 +159,27 @@ class WatermarkGenerator:
         )
 
     def _advance(self, now_ms: int) -> int | None:
-        active = [
-            state.max_timestamp - self.out_of_orderness_ms - 1
-            for partition, state in self._partitions.items()
-            if not self.is_idle(partition, now_ms)
-        ]
-        if not active:
+        """Rebuilds the active set at ``now_ms`` and returns the watermark if it advanced."""
+        timeout = self.idle_timeout_ms
+        if timeout is None:
+            active = {p: s.max_timestamp for p, s in self._partitions.items()}
+            next_idle_at = _FOREVER
+        else:
+            active = {}
+            next_idle_at = _FOREVER
+            for partition, state in self._partitions.items():
+                deadline = state.last_active_ms + timeout
+                if now_ms < deadline:  # not idle: now - last_active < timeout
+                    active[partition] = state.max_timestamp
+                    if deadline < next_idle_at:
+                        next_idle_at = deadline
+        self._active = active
+        self._eval_now = now_ms
+        self._next_idle_at = next_idle_at
+        lowest = self._min = min(active.values(), default=None)
+        if lowest is None:
             return None  # all idle: event time stands still rather than jumping ahead
-        candidate = min(active)
+        candidate = lowest - self.out_of_orderness_ms - 1
         if self._current is not None and candidate <= self._current:
             return None
         self._current = candidate
