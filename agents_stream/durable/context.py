@@ -87,6 +87,9 @@ _IN_CODE_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 
+_CONTEXT_LOCK = threading.Lock()
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -177,9 +180,9 @@ class RunnerContext:
         self._slots: dict[int, CallEntry] | None = None  # read on the first call
         self._resolved: set[int] = set()  # slots this run replayed or (re)wrote
         self._next_index = 0
-        self._lock = threading.Lock()
-        self.short_term_memory = ShortTermMemory(memory_base, self._guard)
-        self.timers = Timers(self._guard, firing)
+        guard = self._guard  # one bound method for both
+        self.short_term_memory = ShortTermMemory(memory_base, guard)
+        self.timers = Timers(guard, firing)
         self.sent_events: list[Event] = []
         self.outputs: list[Any] = []
         self.replayed_calls = 0
@@ -193,6 +196,11 @@ class RunnerContext:
         if slots is None:
             slots = self._slots = self._store.calls(self.ref)
         return slots
+
+    # A context is built for every action run and most never make a call, so they share
+    # one lock instead of each allocating its own: it only guards a few assignments (a
+    # call's index and resolved slots), so contention between contexts is negligible.
+    _lock = _CONTEXT_LOCK
 
     # -- events ---------------------------------------------------------------------
     def send_event(self, event: Event) -> None:

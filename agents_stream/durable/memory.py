@@ -26,8 +26,12 @@ class ShortTermMemory:
         guard: Callable[[str], None],
     ) -> None:
         # A loader defers reading the key's snapshot until the action touches memory.
-        self._loader = base if callable(base) else None
-        self._base_values: dict[str, bytes] | None = None if callable(base) else base
+        if callable(base):
+            self._loader: Callable[[], dict[str, bytes]] | None = base
+            self._base_values: dict[str, bytes] | None = None
+        else:
+            self._loader = None
+            self._base_values = base
         self._updates: dict[str, bytes | None] = {}
         self._guard = guard
 
@@ -61,7 +65,8 @@ class ShortTermMemory:
 
     @property
     def updates(self) -> dict[str, bytes | None]:
-        return dict(self._updates)
+        updates = self._updates
+        return dict(updates) if updates else {}  # read after every action run, mostly empty
 
 
 class KeylessMemory(ShortTermMemory):

@@ -57,4 +57,6 @@ class Timers:
     @property
     def updates(self) -> tuple[TimerUpdate, ...]:
         """Buffered changes, in first-touch order."""
+        if not self._updates:  # read after every action run, mostly empty
+            return ()
         return tuple(TimerUpdate(k, ts, d) for (k, ts), d in self._updates.items())
