@@ -25,7 +25,6 @@ from .journal import (
     Tombstone,
     entry_key,
     progress_identity,
-    ref_identity,
 )
 
 SEP = "\x1f"
@@ -40,31 +39,37 @@ def _ref_tail(ref: ActionRef) -> str:
     """``key seq [topic] action`` of ``ref``, joined; computed once per ref (an action
     run's keys are encoded several times: lookups, its appends, pruning)."""
     tail: str | None = ref.__dict__.get("_key_tail")
-    if tail is None:
-        tail = SEP.join(str(part) for part in ref_identity("", ref)[1:])
-        object.__setattr__(ref, "_key_tail", tail)  # frozen: a cache, not a field
+    if tail is not None:
+        return tail
+    # The fields of ref_identity("", ref)[1:] joined by SEP, each formatted with str()
+    # as encode_identity does, without building the tuple and a generator per ref.
+    if ref.topic:
+        tail = f"{ref.key!s}\x1f{ref.seq!s}\x1f{ref.topic!s}\x1f{ref.action!s}"
+    else:
+        tail = f"{ref.key!s}\x1f{ref.seq!s}\x1f{ref.action!s}"
+    object.__setattr__(ref, "_key_tail", tail)  # frozen: a cache, not a field
     return tail
 
 
 def entry_key_bytes(entry: JournalEntry | Tombstone) -> bytes:
     kind = type(entry)
     if kind is ActionDone:
-        return done_key(entry.ref)  # type: ignore[union-attr]
+        return ("a\x1f" + _ref_tail(entry.ref)).encode()  # type: ignore[union-attr]
     if kind is CallEntry:
         return call_key(entry.ref, entry.index)  # type: ignore[union-attr]
     return encode_identity(entry_key(entry))
 
 
 def call_key(ref: ActionRef, index: int) -> bytes:
-    return f"c{SEP}{_ref_tail(ref)}{SEP}{index}".encode()
+    return f"c\x1f{_ref_tail(ref)}\x1f{index}".encode()
 
 
 def calls_prefix(ref: ActionRef) -> bytes:
-    return f"c{SEP}{_ref_tail(ref)}{SEP}".encode()
+    return ("c\x1f" + _ref_tail(ref) + "\x1f").encode()
 
 
 def done_key(ref: ActionRef) -> bytes:
-    return f"a{SEP}{_ref_tail(ref)}".encode()
+    return ("a\x1f" + _ref_tail(ref)).encode()
 
 
 def memory_key(key: str) -> bytes:

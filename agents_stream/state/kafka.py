@@ -121,17 +121,19 @@ class KafkaActionStateStore(ActionStateStore):
         return out
 
     def done(self, ref: ActionRef) -> ActionDone | None:
-        raw = self._cache(ref.partition).db.get(keys.done_key(ref))
+        raw_key = keys.done_key(ref)
+        raw = self._cache(ref.partition).db.get(raw_key)
         if raw is None:
             return None
-        entry = self._decode(keys.done_key(ref), raw)
+        entry = self._decode(raw_key, raw)
         return entry if isinstance(entry, ActionDone) else None
 
     def memory(self, key: str, partition: int) -> MemorySnapshot | None:
-        raw = self._cache(partition).db.get(keys.memory_key(key))
+        raw_key = keys.memory_key(key)
+        raw = self._cache(partition).db.get(raw_key)
         if raw is None:
             return None
-        entry = self._decode(keys.memory_key(key), raw)
+        entry = self._decode(raw_key, raw)
         return entry if isinstance(entry, MemorySnapshot) else None
 
     def progress(self, topic: str, partition: int) -> InputProgress | None:
@@ -160,16 +162,13 @@ class KafkaActionStateStore(ActionStateStore):
 
     # -- writes -------------------------------------------------------------------------
     def append(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> Future[None]:
-        futures = [
-            self._producer.send(
-                self.topic,
-                None if isinstance(entry, Tombstone) else self._codec.encode(entry),
-                key=keys.entry_key_bytes(entry),
-                partition=partition,
-            )
-            for entry in entries
-        ]
-        return all_of(futures)
+        # Every action run appends (its ActionDone at least), nearly always one entry.
+        send, encode, topic = self._producer.send, self._codec.encode, self.topic
+        futures = []
+        for entry in entries:
+            value = None if isinstance(entry, Tombstone) else encode(entry)
+            futures.append(send(topic, value, key=keys.entry_key_bytes(entry), partition=partition))
+        return futures[0] if len(futures) == 1 else all_of(futures)
 
     def forget_firing(self, timer: TimerEntry) -> Future[None]:
         cache = self._caches.get(timer.partition)
