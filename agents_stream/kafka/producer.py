@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -81,26 +82,41 @@ class AckingProducer:
         headers: list[tuple[str, bytes]] | None = None,
     ) -> Future[None]:
         fut: Future[None] = AckFuture()
-        sent = time.monotonic()
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            ack = Ack(msg.topic(), msg.partition(), msg.offset(), key, value, fut, err, sent)
-            with self._batch_lock:
-                self._batch.append(ack)
-
-        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
-        if partition is not None:
-            kwargs["partition"] = partition
-        if headers:
-            kwargs["headers"] = headers
-        producer = self.producer
+        # A partial, not a closure: one allocation per record instead of a function and
+        # its cells; the delivery report appends (err, msg).
+        delivered = partial(self._delivered, key, value, fut, time.monotonic())
+        producer = self._producer  # not `or`: a Producer's len() is its queue length
+        if producer is None:
+            producer = self.producer
         while True:
             try:
-                producer.produce(topic, **kwargs)
+                if partition is not None and not headers:
+                    # Positional: the usual journal append skips building keyword args.
+                    producer.produce(topic, value, key, partition, delivered)
+                else:
+                    kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
+                    if partition is not None:
+                        kwargs["partition"] = partition
+                    if headers:
+                        kwargs["headers"] = headers
+                    producer.produce(topic, **kwargs)
                 return fut
             except BufferError:
                 # Local queue full: let deliveries drain instead of failing the action.
                 producer.poll(0.05)
+
+    def _delivered(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        fut: Future[None],
+        sent: float,
+        err: KafkaError | None,
+        msg: Message,
+    ) -> None:
+        ack = Ack(msg.topic(), msg.partition(), msg.offset(), key, value, fut, err, sent)
+        with self._batch_lock:
+            self._batch.append(ack)
 
     def _poll_loop(self) -> None:
         assert self._producer is not None
