@@ -20,12 +20,15 @@ class PartitionOffsets:
     def start(self, offset: int) -> None:
         self._open.add(offset)
         heapq.heappush(self._heap, offset)
-        self._next = max(self._next, offset + 1)
+        if offset >= self._next:
+            self._next = offset + 1
 
     def finish(self, offset: int) -> None:
-        self._open.discard(offset)
-        while self._heap and self._heap[0] not in self._open:
-            heapq.heappop(self._heap)
+        is_open = self._open
+        is_open.discard(offset)
+        heap = self._heap
+        while heap and heap[0] not in is_open:
+            heapq.heappop(heap)
 
     @property
     def in_flight(self) -> int:
@@ -44,7 +47,12 @@ class OffsetTracker:
         self.partitions: dict[tuple[str, int], PartitionOffsets] = {}
 
     def get(self, topic: str, partition: int) -> PartitionOffsets:
-        return self.partitions.setdefault((topic, partition), PartitionOffsets())
+        # Called per record: build the tracker only when missing (setdefault built one
+        # every time).
+        offsets = self.partitions.get((topic, partition))
+        if offsets is None:
+            offsets = self.partitions[(topic, partition)] = PartitionOffsets()
+        return offsets
 
     def drop(self, topic: str, partition: int) -> None:
         self.partitions.pop((topic, partition), None)
