@@ -214,8 +214,12 @@ class KafkaActionStateStore(ActionStateStore):
 
     def _on_acked(self, acks: list[Ack]) -> None:
         by_partition: dict[int, list[Ack]] = {}
-        for ack in acks:
-            by_partition.setdefault(ack.partition, []).append(ack)
+        for ack in acks:  # no setdefault: it would build a list per ack
+            group = by_partition.get(ack.partition)
+            if group is None:
+                by_partition[ack.partition] = [ack]
+            else:
+                group.append(ack)
         for partition, group in by_partition.items():
             cache = self._caches.get(partition)
             if cache is None:  # revoked meanwhile: the next owner replays it from the topic
