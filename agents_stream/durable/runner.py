@@ -138,6 +138,12 @@ class ActionRunner:
         self.sink = sink or NullSink()
         self.on_timers = on_timers
         self._actions = agent.actions()
+        # The batch path (durable/batch.py) runs the first action of many records
+        # together when the input has exactly one listener and it is a sync action.
+        first = [a for a in self._actions if issubclass(InputEvent, a.listens)]
+        self.batch_spec: ActionSpec | None = (
+            first[0] if len(first) == 1 and not first[0].is_async else None
+        )
 
     def _listeners(self, event: Event) -> list[ActionSpec]:
         return [a for a in self._actions if isinstance(event, a.listens)]
@@ -145,25 +151,51 @@ class ActionRunner:
     async def run(self, record: RecordInput) -> RecordOutcome:
         """Run every action of ``record`` (breadth first) to completion."""
         outcome = RecordOutcome()
-        first = InputEvent(
-            input=record.value,
-            key=record.key,
-            partition=record.partition,
-            offset=record.seq,
-            timestamp=record.timestamp,
-            headers=record.headers,
-        )
         await self._process(
             record.key,
             record.seq,
             record.partition,
-            first,
+            input_event(record),
             "",
             None,
             outcome,
             self.topic,
             keyless=record.keyless,
         )
+        return outcome
+
+    async def run_batch(
+        self,
+        records: Sequence[RecordInput],
+        report: Callable[[int, RecordOutcome | Exception], None],
+    ) -> None:
+        """Run ``records`` (of one partition, distinct keys) concurrently, reporting each
+        one's outcome (or the exception its actions raised) by index as soon as it is
+        finished: actions done, journal and outputs acked. Same effects as :meth:`run`
+        per record; the journal appends and ack waits of records that finish together
+        are shared (see ``durable/batch.py``)."""
+        from .batch import RecordBatch  # the batch path imports this module
+
+        await RecordBatch(self, records, report).run()
+
+    async def continue_record(
+        self, record: RecordInput, events: list[Event], outcome: RecordOutcome
+    ) -> RecordOutcome:
+        """Run the actions of the events sent by ``record``'s first action (ordinal 0,
+        already done) to completion."""
+        if events:
+            await self._process(
+                record.key,
+                record.seq,
+                record.partition,
+                events,
+                "",
+                None,
+                outcome,
+                self.topic,
+                keyless=record.keyless,
+                ordinal=1,
+            )
         return outcome
 
     async def run_timer(self, key: str, partition: int, kind: str, ts: int) -> RecordOutcome:
@@ -190,16 +222,19 @@ class ActionRunner:
         key: str,
         seq: int,
         partition: int,
-        first: Event,
+        first: Event | list[Event],
         tag: str,
         firing: tuple[str, int] | None,
         outcome: RecordOutcome,
         topic: str = "",
         *,
         keyless: bool = False,
+        ordinal: int = 0,
     ) -> None:
-        queue: deque[Event] = deque([first])
-        ordinal = 0
+        """Run the actions of ``first`` and of the events they send, breadth first
+        (``ordinal``: actions of this record already run, when it continues a record
+        whose first action ran in a batch)."""
+        queue: deque[Event] = deque(first) if isinstance(first, list) else deque([first])
         while queue:
             event = queue.popleft()
             for spec in self._listeners(event):
@@ -233,8 +268,31 @@ class ActionRunner:
         ``ctx.timers`` raise :class:`KeylessRecordError` (all keyless records share the
         key ``""``).
         """
-        # The key's snapshot is read when the action first touches memory (or when its
-        # effects are written), not for every action.
+        ctx, snapshot, base = self._context(ref, firing, keyless)
+        if spec.is_async:
+            await spec.fn(event, ctx)
+        else:
+            # On the loop, in a greenlet: journal acks suspend it instead of holding a
+            # thread, and its code blocks run in the pool (see durable/bridge.py).
+            await run_bridged(spec.fn, event, ctx)
+        done = self._completion(ref, ctx, snapshot, outcome)
+        if not self._effects(done) and getattr(self.sink, "threadsafe", False):
+            # The common case in one wait: the outputs go out from the thread that sees
+            # ActionDone acked, the emitted marker from the one that sees them acked.
+            appended = self.store.append([done], ref.partition)
+            if ctx.outputs:
+                appended = then(appended, partial(self._send_outputs, done, ctx.outputs))
+            await acked(appended)
+            outcome.outputs.extend(ctx.outputs)
+            return done
+        await self._settle(done, ctx, base, outcome)
+        return done
+
+    def _context(
+        self, ref: ActionRef, firing: tuple[str, int] | None, keyless: bool
+    ) -> tuple[RunnerContext, Callable[[], MemorySnapshot | None], Callable[[], dict[str, bytes]]]:
+        """A context for one action run, with the key's snapshot read when the action
+        first touches memory (or when its effects are written), not for every action."""
         memo: list[MemorySnapshot | None] = []
 
         def snapshot() -> MemorySnapshot | None:
@@ -252,44 +310,54 @@ class ActionRunner:
             error = lambda: KeylessRecordError(topic, ref.partition, ref.seq)  # noqa: E731
             ctx.short_term_memory = KeylessMemory(error, ctx._guard)
             ctx.timers = Timers(_raiser(error), firing)
-        if spec.is_async:
-            await spec.fn(event, ctx)
-        else:
-            # On the loop, in a greenlet: journal acks suspend it instead of holding a
-            # thread, and its code blocks run in the pool (see durable/bridge.py).
-            await run_bridged(spec.fn, event, ctx)
+        return ctx, snapshot, base
+
+    def _completion(
+        self,
+        ref: ActionRef,
+        ctx: RunnerContext,
+        snapshot: Callable[[], MemorySnapshot | None],
+        outcome: RecordOutcome,
+    ) -> ActionDone:
+        """The ActionDone of an action that returned (counted in ``outcome``)."""
         outcome.actions_run += 1
         outcome.calls_executed += ctx.executed_calls
         outcome.calls_replayed += ctx.replayed_calls
         memory_updates = tuple(MemoryUpdate(n, v) for n, v in ctx.short_term_memory.updates.items())
         timers = ctx.timers.updates
         changed = bool(memory_updates or timers)
-        done = ActionDone(
+        outputs = ctx.outputs
+        return ActionDone(
             ref=ref,
             memory_updates=memory_updates,
-            outputs=tuple(self.config.codec.encode(v) for v in ctx.outputs),
+            outputs=tuple(self.config.codec.encode(v) for v in outputs) if outputs else (),
             events=tuple(SentEvent(e.event_name, e.to_payload()) for e in ctx.sent_events),
             calls=ctx._next_index,
             finished_ms=int(time.time() * 1000),
-            emitted=not ctx.outputs,
+            emitted=not outputs,
             timers=timers,
             memory_version=_version(snapshot()) + 1 if changed else -1,
         )
-        if not changed and getattr(self.sink, "threadsafe", False):
-            # The common case in one wait: the outputs go out from the thread that sees
-            # ActionDone acked, the emitted marker from the one that sees them acked.
-            appended = self.store.append([done], ref.partition)
-            if ctx.outputs:
-                appended = then(appended, partial(self._send_outputs, done, ctx.outputs))
-            await acked(appended)
-            outcome.outputs.extend(ctx.outputs)
-            return done
-        if not changed:
-            await acked(self.store.append([done], ref.partition))
+
+    @staticmethod
+    def _effects(done: ActionDone) -> bool:
+        """Whether ``done`` changes key state (memory or timers)."""
+        return bool(done.memory_updates or done.timers)
+
+    async def _settle(
+        self,
+        done: ActionDone,
+        ctx: RunnerContext,
+        base: Callable[[], dict[str, bytes]],
+        outcome: RecordOutcome,
+    ) -> None:
+        """Append ``done`` (with its key-state effects), wait for the acks, send the
+        outputs."""
+        if not self._effects(done):
+            await acked(self.store.append([done], done.ref.partition))
         else:
             await self._write_effects(done, base(), first=[done])
         await self._emit_once(done, outcome, ctx.outputs)
-        return done
 
     def _send_outputs(self, done: ActionDone, values: list[Any]) -> Future[None]:
         """Outputs of an acked ActionDone; once they are acked, its emitted marker (not
@@ -385,6 +453,17 @@ class ActionRunner:
                 )
             events.append(cls.from_payload(sent.payload))
         return events
+
+
+def input_event(record: RecordInput) -> InputEvent:
+    return InputEvent(
+        input=record.value,
+        key=record.key,
+        partition=record.partition,
+        offset=record.seq,
+        timestamp=record.timestamp,
+        headers=record.headers,
+    )
 
 
 def _emitted(done: ActionDone) -> ActionDone:

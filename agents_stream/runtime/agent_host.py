@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, MutableMapping
+from functools import partial
 from typing import Any, Literal
 
 from confluent_kafka import Message
@@ -63,28 +64,100 @@ class AgentHost:
         return self.binding.name
 
     async def handle(self, msg: Message, key: str) -> None:
+        """Process one record to its end (see :meth:`handle_batch` for many)."""
+        record = self._prepare(msg, key)
+        if record is None:
+            return
+        if isinstance(record, Exception):
+            await self._dead_letter(msg, "decode", record)
+            return
+        try:
+            outcome: RecordOutcome | Exception = await self.runner.run(record)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            outcome = exc
+        await self._conclude(msg, key, record, outcome)
+
+    async def handle_batch(
+        self, items: list[tuple[Message, str]], finish: Callable[[int, bool], None]
+    ) -> None:
+        """Process records of one partition with distinct keys together (the runner's
+        batch path); ``finish(i, True)`` as soon as record ``i`` is finished, as
+        :meth:`handle` returning would say. A record the error policy stops on is
+        reported ``False`` (not finished: never committed)."""
+        records: list[RecordInput] = []
+        positions: list[int] = []
+        tails: set[asyncio.Future[None]] = set()  # dead letters being acked
+
+        def later(index: int, coro: Awaitable[None]) -> None:
+            task = asyncio.ensure_future(coro)
+            tails.add(task)
+            task.add_done_callback(partial(self._tail_done, tails, finish, index))
+
+        for index, (msg, key) in enumerate(items):
+            record = self._prepare(msg, key)
+            if record is None:
+                finish(index, True)
+            elif isinstance(record, Exception):
+                later(index, self._dead_letter(msg, "decode", record))
+            else:
+                records.append(record)
+                positions.append(index)
+
+        def report(position: int, outcome: RecordOutcome | Exception) -> None:
+            index = positions[position]
+            msg, key = items[index]
+            if isinstance(outcome, RecordOutcome):
+                self._finished(msg, records[position], outcome)
+                finish(index, True)
+            else:
+                later(index, self._conclude(msg, key, records[position], outcome))
+
+        try:
+            if records:
+                await self.runner.run_batch(records, report)
+            while tails:
+                await asyncio.wait(list(tails))
+        finally:
+            for task in tails:
+                task.cancel()
+
+    @staticmethod
+    def _tail_done(
+        tails: set[asyncio.Future[None]],
+        finish: Callable[[int, bool], None],
+        index: int,
+        task: asyncio.Future[None],
+    ) -> None:
+        tails.discard(task)
+        finish(index, not task.cancelled() and task.exception() is None)
+
+    def _prepare(self, msg: Message, key: str) -> RecordInput | Exception | None:
+        """The record's runner input; None when it is finished already (a skipped
+        tombstone), an exception when it cannot be decoded (it goes to the DLQ)."""
         self.counts["in"] += 1
-        fields = record_fields(msg.topic(), msg.partition(), msg.offset(), key)
         raw = msg.value()
         if raw is None and self.binding.tombstones == "skip":
             self._stats["tombstones_skipped"] += 1
-            return  # finished: committed like any other record
+            return None  # finished: committed like any other record
         try:
             value = None if raw is None else self._codec.decode(raw)
         except Exception as exc:
             log.warning(
                 "undecodable record %s[%d]@%d (key %r) -> %s-dlq: %s",
                 msg.topic(), msg.partition(), msg.offset(), key, msg.topic(), exc,
-                extra=fields,
+                extra=record_fields(msg.topic(), msg.partition(), msg.offset(), key),
             )  # fmt: skip
-            await self._dead_letter(msg, "decode", exc)
-            return
-        headers = {k: v for k, v in (msg.headers() or []) if v is not None}
+            return exc
+        raw_headers = msg.headers()
+        headers = {k: v for k, v in raw_headers if v is not None} if raw_headers else {}
         seq = msg.offset()
-        replayed = self._replayed_seq(msg, headers) if REPLAY_HEADER in headers else None
-        if replayed is not None:
-            seq = replayed
-        record = RecordInput(
+        if headers and REPLAY_HEADER in headers:
+            replayed = self._replayed_seq(msg, headers)
+            if replayed is not None:
+                seq = replayed
+        return RecordInput(
             key=key,
             seq=seq,
             value=value,
@@ -93,18 +166,33 @@ class AgentHost:
             headers=headers,
             keyless=msg.key() is None,
         )
-        outcome = await self._guarded(
-            self.runner.run(record),
-            f"action of {self.name} raised on "
-            + record_where(msg.topic(), msg.partition(), msg.offset(), key),
-            fields,
-            dead_letter_to=f"{msg.topic()}-dlq",
-        )
-        if isinstance(outcome, BaseException):
+
+    async def _conclude(
+        self, msg: Message, key: str, record: RecordInput, outcome: RecordOutcome | Exception
+    ) -> None:
+        """Apply the error policy to a failed record (dead letter, or stop: raises), or
+        count a finished one."""
+        if isinstance(outcome, Exception):
+            where = record_where(msg.topic(), msg.partition(), msg.offset(), key)
+            verdict = judge(
+                log,
+                outcome,
+                f"action of {self.name} raised on {where}",
+                self._on_error,
+                host="worker",
+                dead_letter_to=f"{msg.topic()}-dlq",
+                extra=record_fields(msg.topic(), msg.partition(), msg.offset(), key),
+            )
+            if verdict.stops:
+                self._on_fatal(outcome)
+                raise outcome
             await self._dead_letter(msg, "action", outcome)
             return
+        self._finished(msg, record, outcome)
+
+    def _finished(self, msg: Message, record: RecordInput, outcome: RecordOutcome) -> None:
         self.counts["out"] += len(outcome.outputs)
-        if replayed is not None:
+        if record.seq != msg.offset():  # a replayed dead letter: keep its journal
             self._keep.add((msg.partition(), msg.offset()))
         self._count(outcome)
 

@@ -23,6 +23,11 @@ submits them under their key), so everything below holds for them too.
   :meth:`drain` returns when nothing of its groups is, and refuses (abandons) records of
   those groups submitted while it runs.
 * A raising ``done`` callback is logged; its key goes on.
+* Batches: a record whose work is :class:`Batched` is started like any other (its key
+  free, its epoch allowed, admitted), but instead of a task of its own it joins the
+  records of its lane started in the same loop iteration; one task runs them together
+  and reports each one's end separately, which releases its key at once. Cancelling
+  that task (a drain) abandons the records it has not reported.
 """
 
 from __future__ import annotations
@@ -34,21 +39,47 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 from .epochs import Epoch, EpochManager, EpochMode
 
 log = logging.getLogger("agents_stream.runtime")
 
 Work = Callable[[], Awaitable[None]]
+# Runs the payloads of one lane's batch; ``finish(i, ok)`` reports record ``i``'s end.
+BatchRun = Callable[[list[Any], Callable[[int, bool], None]], Awaitable[None]]
+
+
+class Batched:
+    """Work the controller may run together with other records of ``lane``: the lane's
+    records started in one loop iteration go to one call of ``run``."""
+
+    __slots__ = ("lane", "payload", "run")
+
+    def __init__(self, lane: Hashable, payload: Any, run: BatchRun) -> None:
+        self.lane = lane
+        self.payload = payload
+        self.run = run
 
 
 @dataclass
 class _Pending:
     key: Hashable
     group: Hashable  # what drain() selects by, e.g. (topic, partition)
-    work: Work
+    work: Work | Batched
     done: Callable[[bool], None]  # called with True when finished, False when abandoned
     epoch: Epoch
+
+
+class _Batch:
+    """The records one batch task runs; each is reported once."""
+
+    __slots__ = ("items", "open")
+
+    def __init__(self, items: list[_Pending]) -> None:
+        self.items = items
+        self.open = set(range(len(items)))
 
 
 @dataclass
@@ -79,6 +110,9 @@ class ExecutionController:
         self._busy: set[Hashable] = set()  # keys with a running record
         self._blocked: dict[Hashable, None] = {}  # keys whose next record waits for an epoch
         self._running: dict[asyncio.Task[None], _Pending] = {}
+        self._batches: dict[asyncio.Task[None], _Batch] = {}
+        self._ready: dict[Hashable, list[_Pending]] = {}  # started, batch task not yet made
+        self._batching = False  # a _start_batches call is scheduled
         self._waiting: list[_Waiting] = []  # not admitted yet (limit reached), a heap
         self._arrivals = itertools.count()
         self._drains: list[_Drain] = []
@@ -110,7 +144,7 @@ class ExecutionController:
         await self._capacity.wait()
 
     def submit(
-        self, key: Hashable, group: Hashable, work: Work, done: Callable[[bool], None]
+        self, key: Hashable, group: Hashable, work: Work | Batched, done: Callable[[bool], None]
     ) -> None:
         """Run ``work`` after every earlier record of ``key``; ``done`` reports the end.
 
@@ -166,9 +200,63 @@ class ExecutionController:
             return
         buffer.popleft()
         self._busy.add(key)
-        task = asyncio.get_running_loop().create_task(head.work())
+        work = head.work
+        if type(work) is Batched:
+            lane = self._ready.get(work.lane)
+            if lane is None:
+                self._ready[work.lane] = [head]
+            else:
+                lane.append(head)
+            if not self._batching:
+                self._batching = True
+                asyncio.get_running_loop().call_soon(self._start_batches)
+            return
+        task = asyncio.get_running_loop().create_task(work())  # type: ignore[operator]
         self._running[task] = head
         task.add_done_callback(self._finished)
+
+    def _start_batches(self) -> None:
+        self._batching = False
+        ready, self._ready = self._ready, {}
+        loop = asyncio.get_running_loop()
+        for items in ready.values():
+            if self._drains:  # started before a drain of their group began: abandoned
+                kept = []
+                for item in items:
+                    drain = next((d for d in self._drains if d.selects(item)), None)
+                    if drain is None:
+                        kept.append(item)
+                        continue
+                    drain.abandoned += 1
+                    self._busy.discard(item.key)
+                    self._release(item, False)
+                    self._pump(item.key)
+                if not (items := kept):
+                    continue
+            batch = _Batch(items)
+            run = items[0].work.run  # type: ignore[union-attr]
+            payloads = [item.work.payload for item in items]  # type: ignore[union-attr]
+            task = loop.create_task(run(payloads, partial(self._batch_item_done, batch)))
+            self._batches[task] = batch
+            task.add_done_callback(self._batch_finished)
+
+    def _batch_item_done(self, batch: _Batch, index: int, ok: bool) -> None:
+        if index not in batch.open:
+            return
+        batch.open.discard(index)
+        item = batch.items[index]
+        self._busy.discard(item.key)
+        self._release(item, ok)
+        self._pump(item.key)
+
+    def _batch_finished(self, task: asyncio.Task[None]) -> None:
+        batch = self._batches.pop(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("batch of %d records crashed", len(batch.items), exc_info=task.exception())
+        elif batch.open and not task.cancelled():
+            log.error("batch ended without reporting %d of its records", len(batch.open))
+        for index in sorted(batch.open):
+            self._batch_item_done(batch, index, False)
 
     def _unblock(self) -> None:
         for key in list(self._blocked):
@@ -218,11 +306,17 @@ class ExecutionController:
         drain = _Drain(None if groups is None else set(groups))
         self._drains.append(drain)
         try:
+            self._drop_ready(drain)
             self._drop_queued(drain)
             running = [t for t, i in self._running.items() if drain.selects(i)]
+            running += [
+                t for t, b in self._batches.items() if any(drain.selects(i) for i in b.items)
+            ]
             if running:
                 _, pending = await asyncio.wait(running, timeout=timeout)
-                drain.abandoned += len(pending)
+                for task in pending:
+                    batch = self._batches.get(task)
+                    drain.abandoned += 1 if batch is None else len(batch.open)
                 while pending:
                     for task in pending:
                         task.cancel()
@@ -232,6 +326,20 @@ class ExecutionController:
         finally:
             self._drains.remove(drain)
         return drain.abandoned
+
+    def _drop_ready(self, drain: _Drain) -> None:
+        """Started records of the drained groups whose batch task is not made yet: they
+        have not run, so they are abandoned like queued ones."""
+        for lane, items in list(self._ready.items()):
+            selected = [i for i in items if drain.selects(i)]
+            if not selected:
+                continue
+            self._ready[lane] = [i for i in items if not drain.selects(i)]
+            for item in selected:
+                drain.abandoned += 1
+                self._busy.discard(item.key)
+                self._release(item, False)
+                self._pump(item.key)
 
     def _drop_queued(self, drain: _Drain) -> None:
         dropped = [w.item for w in self._waiting if drain.selects(w.item)]

@@ -53,7 +53,7 @@ from ..kafka.config import configure, consumer_config
 from ..state.kafka import KafkaActionStateStore
 from .agent_host import AgentHost
 from .async_io import AsyncIOHost
-from .controller import ExecutionController
+from .controller import Batched, ExecutionController
 from .offsets import OffsetTracker
 from .timers import TimerService
 from .watermarks import WatermarkGenerator
@@ -371,7 +371,9 @@ class Worker(CommitProtocol, Rebalancing):
             # All agents of an app share memory per key, so they also share key order.
             # Keyless records share neither: each is its own "key" (InputEvent.key == "").
             order_key = key if raw_key is not None else ("", topic, partition, offset)
-            work = partial(self._agents[topic].handle, msg, key)
+            # Records of one partition started together run as one batch (one task, one
+            # shared journal append and ack wait per group of finished actions).
+            work = Batched((topic, partition), (msg, key), self._agents[topic].handle_batch)
             self.controller.submit(order_key, (topic, partition), work, done)
             ts_type, ts = msg.timestamp()
             if ts_type != TIMESTAMP_NOT_AVAILABLE:

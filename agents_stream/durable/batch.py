@@ -1,0 +1,274 @@
+"""RecordBatch: the first action of many records, run together on one task.
+
+Why: run one by one, every record paid for its own asyncio task, coroutine chain,
+greenlet driver and ack wait, and each ActionDone was appended and awaited on its own.
+Here one task drives the sync action of every record of a batch (records of one
+partition with distinct keys, as the execution controller starts them):
+
+* each action runs in its own greenlet (as in ``bridge.run_bridged``); when it waits (a
+  journal ack, a code block in the pool) it switches back here with the awaitable, and
+  this driver resumes it once that is done, with every other resumption that became
+  ready at the same time;
+* the actions that returned in one round are completed as a group: one append of their
+  ActionDones, one ack wait, their outputs sent from the producer's thread once the
+  ActionDones are acked, their emitted markers once the outputs are (group commit);
+* each record is reported as soon as it is finished, so the next record of its key can
+  start while others of the batch still run.
+
+The guarantees are the per-record path's (``runner.py``): a journaled call's record is
+acked before the action goes on, the ActionDone is acked before the outputs are sent,
+and a record is reported finished only once its outputs are acked. Records this path
+does not take run through :meth:`ActionRunner.run` on their own task: a journal that
+already holds the action's ActionDone (recovery), and, after the first action, records
+that changed key state (memory, timers) or sent events to further actions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from greenlet import GreenletExit, getcurrent
+
+from .ackfuture import then
+from .acks import acked
+from .bridge import _Bridged
+from .journal import ActionDone, ActionRef
+from .runner import ActionRunner, RecordInput, RecordOutcome, _emitted, input_event
+from .store import all_of
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from ..events import InputEvent
+    from .context import RunnerContext
+    from .journal import MemorySnapshot
+
+Report = Callable[[int, RecordOutcome | Exception], None]
+
+
+class _Run:
+    """One record's first action in flight."""
+
+    __slots__ = ("base", "child", "ctx", "event", "index", "record", "ref", "snapshot")
+
+    def __init__(
+        self,
+        index: int,
+        record: RecordInput,
+        ref: ActionRef,
+        ctx: RunnerContext,
+        snapshot: Callable[[], MemorySnapshot | None],
+        base: Callable[[], dict[str, bytes]],
+        child: _Bridged,
+        event: InputEvent,
+    ) -> None:
+        self.index = index
+        self.record = record
+        self.ref = ref
+        self.ctx = ctx
+        self.snapshot = snapshot
+        self.base = base
+        self.child = child
+        self.event = event
+
+
+class RecordBatch:
+    def __init__(
+        self, runner: ActionRunner, records: Sequence[RecordInput], report: Report
+    ) -> None:
+        self._runner = runner
+        self._records = records
+        self._report = report
+        self._ready: list[tuple[Callable[..., None], Any]] = []
+        self._signal: asyncio.Future[None] | None = None
+        self._outstanding = 0  # awaitables and tasks whose completion is still to come
+        self._group: list[tuple[_Run, ActionDone, RecordOutcome]] = []
+        self._live: dict[int, _Run] = {}  # suspended actions, by record index
+        self._waits: set[asyncio.Future[Any]] = set()
+
+    async def run(self) -> None:
+        driver = getcurrent()
+        context = contextvars.copy_context()
+        for index, record in enumerate(self._records):
+            try:
+                self._start(index, record, driver, context)
+            except Exception as exc:  # e.g. an unreadable journal entry of this record
+                self._report(index, exc)
+        self._flush()
+        try:
+            while self._outstanding:
+                if not self._ready:
+                    self._signal = asyncio.get_running_loop().create_future()
+                    await self._signal
+                ready, self._ready = self._ready, []
+                for handler, arg in ready:
+                    self._outstanding -= 1
+                    handler(arg)
+                self._flush()
+        except BaseException:
+            self._abort()
+            raise
+
+    def _start(
+        self, index: int, record: RecordInput, driver: Any, context: contextvars.Context
+    ) -> None:
+        runner = self._runner
+        spec = runner.batch_spec
+        if spec is None:
+            self._alone(index, record)
+            return
+        store = runner.store
+        ref = store.resolve(
+            ActionRef(record.key, record.seq, f"{spec.name}#0", record.partition, runner.topic)
+        )
+        if store.done(ref) is not None:  # recovery: the per-record path replays it
+            self._alone(index, record)
+            return
+        ctx, snapshot, base = runner._context(ref, None, record.keyless)
+        child = _Bridged(spec.fn, driver)
+        # A greenlet starts with an empty context: give it the caller's, as a thread
+        # would (the caller's is copied once per batch, as for a task).
+        child.gr_context = context.copy()
+        event = input_event(record)
+        run = _Run(index, record, ref, ctx, snapshot, base, child, event)
+        self._step(run, child.switch, (event, ctx))
+
+    # -- driving actions ----------------------------------------------------------------
+    def _step(self, run: _Run, resume: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Switch into ``run``'s action; it returns, raises or waits for an awaitable."""
+        try:
+            awaitable = resume(*args)
+        except Exception as exc:
+            self._live.pop(run.index, None)
+            self._report(run.index, exc)
+            return
+        if run.child.dead:
+            self._live.pop(run.index, None)
+            self._returned(run)
+            return
+        self._live[run.index] = run
+        self._wait(asyncio.ensure_future(awaitable), partial(self._resume, run))
+
+    def _resume(self, run: _Run, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            self._step(run, run.child.throw, (asyncio.CancelledError(),))
+            return
+        exc = fut.exception()
+        if exc is not None:  # delivered into the action, which may handle it
+            self._step(run, run.child.throw, (exc,))
+        else:
+            self._step(run, run.child.switch, (fut.result(),))
+
+    def _returned(self, run: _Run) -> None:
+        runner = self._runner
+        outcome = RecordOutcome()
+        done = runner._completion(run.ref, run.ctx, run.snapshot, outcome)
+        if runner._effects(done) or done.events or not getattr(runner.sink, "threadsafe", False):
+            self._wait(
+                asyncio.ensure_future(self._settle_alone(run, done, outcome)),
+                partial(self._finished_alone, run.index),
+            )
+            return
+        self._group.append((run, done, outcome))
+
+    async def _settle_alone(
+        self, run: _Run, done: ActionDone, outcome: RecordOutcome
+    ) -> RecordOutcome:
+        """Key-state effects or further actions: the per-record path from here on."""
+        runner = self._runner
+        await runner._settle(done, run.ctx, run.base, outcome)
+        return await runner.continue_record(run.record, runner._rebuild_events(done), outcome)
+
+    # -- records on their own -----------------------------------------------------------
+    def _alone(self, index: int, record: RecordInput) -> None:
+        self._wait(
+            asyncio.ensure_future(self._runner.run(record)), partial(self._finished_alone, index)
+        )
+
+    def _finished_alone(self, index: int, task: asyncio.Future[RecordOutcome]) -> None:
+        if task.cancelled():
+            self._report(index, asyncio.CancelledError())
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, Exception):
+            raise exc  # e.g. KeyboardInterrupt: not a record's failure
+        self._report(index, exc if exc is not None else task.result())
+
+    # -- group commit -------------------------------------------------------------------
+    def _flush(self) -> None:
+        """Append the ActionDones of the actions that returned since the last flush, in
+        one go; send their outputs once they are acked; report them once those are."""
+        group, self._group = self._group, []
+        if not group:
+            return
+        by_partition: dict[int, list[tuple[_Run, ActionDone, RecordOutcome]]] = {}
+        for item in group:
+            by_partition.setdefault(item[0].ref.partition, []).append(item)
+        runner = self._runner
+        for partition, part in by_partition.items():
+            appended: Future[None] = runner.store.append([d for _, d, _ in part], partition)
+            sends = [(done, run.ctx.outputs) for run, done, _ in part if run.ctx.outputs]
+            if sends:
+                appended = then(appended, partial(_send_outputs, runner, sends, partition))
+            self._wait(acked(appended), partial(self._group_done, part))
+
+    def _group_done(
+        self, group: list[tuple[_Run, ActionDone, RecordOutcome]], fut: asyncio.Future[None]
+    ) -> None:
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        for run, _, outcome in group:
+            if exc is not None:
+                self._report(run.index, exc)  # type: ignore[arg-type]
+            else:
+                outcome.outputs.extend(run.ctx.outputs)
+                self._report(run.index, outcome)
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _wait(self, fut: asyncio.Future[Any], handler: Callable[[Any], None]) -> None:
+        self._outstanding += 1
+        self._waits.add(fut)
+        fut.add_done_callback(partial(self._arrived, handler))
+
+    def _arrived(self, handler: Callable[[Any], None], fut: asyncio.Future[Any]) -> None:
+        self._waits.discard(fut)
+        self._ready.append((handler, fut))
+        signal = self._signal
+        if signal is not None and not signal.done():
+            signal.set_result(None)
+
+    def _abort(self) -> None:
+        """The batch was cancelled (a drain): unwind the suspended actions and stop what
+        they and the records on their own wait for. Nothing is reported; unreported
+        records are the controller's to abandon."""
+        for run in list(self._live.values()):
+            try:
+                run.child.throw(GreenletExit())
+            except BaseException:  # an action unwinding: nobody is left to report to
+                pass
+        self._live.clear()
+        for fut in list(self._waits):
+            fut.cancel()
+
+
+def _send_outputs(
+    runner: ActionRunner,
+    sends: list[tuple[ActionDone, list[Any]]],
+    partition: int,
+) -> Future[None]:
+    """Outputs of acked ActionDones; once all are acked, their emitted markers in one
+    append (not awaited: a lost marker only means the outputs may be sent once more)."""
+    sink = runner.sink
+    sent = all_of([sink.send(done.ref.key, values, partition) for done, values in sends])
+    sent.add_done_callback(partial(_mark_emitted, runner, [done for done, _ in sends], partition))
+    return sent
+
+
+def _mark_emitted(
+    runner: ActionRunner, dones: list[ActionDone], partition: int, sent: Future[None]
+) -> None:
+    if sent.exception() is None:
+        runner.store.append([_emitted(done) for done in dones], partition)
