@@ -385,3 +385,86 @@ def test_timers_as_records_under_random_schedules(ops, limit, mode, seed):
         if mode == "strict" and ends:
             for name in later_records[wm]:
                 assert max(ends) < log.index(f"start {name}"), log
+
+
+# -- batched work -------------------------------------------------------------------------
+class Lanes:
+    """Batched records: each batch reports its records after a per-record delay."""
+
+    def __init__(self, controller: ExecutionController) -> None:
+        self.controller = controller
+        self.batches: list[list[tuple[str, int]]] = []
+        self.running: set[str] = set()
+        self.order: dict[str, list[int]] = {}
+        self.done: list[tuple[int, bool]] = []
+        self.delays: dict[int, float] = {}
+
+    async def run(self, payloads: list[tuple[str, int]], finish) -> None:  # type: ignore[no-untyped-def]
+        self.batches.append(payloads)
+        for key, _ in payloads:
+            assert key not in self.running, f"key {key} ran twice at once"
+            self.running.add(key)
+
+        async def one(i: int, key: str, offset: int) -> None:
+            await asyncio.sleep(self.delays.get(offset, 0.001))
+            self.running.discard(key)
+            self.order.setdefault(key, []).append(offset)
+            finish(i, True)
+
+        await asyncio.gather(*(one(i, k, o) for i, (k, o) in enumerate(payloads)))
+
+    def submit(self, key: str, offset: int, lane: str = "p0") -> None:
+        from agents_stream.runtime.controller import Batched
+
+        work = Batched(lane, (key, offset), self.run)
+        self.controller.submit(key, lane, work, lambda ok: self.done.append((offset, ok)))
+
+
+def test_batched_records_started_together_share_one_batch_and_keep_key_order() -> None:
+    async def main() -> Lanes:
+        lanes = Lanes(ExecutionController(100))
+        for offset in range(30):
+            lanes.submit(f"k{offset % 5}", offset)
+        await lanes.controller.join()
+        return lanes
+
+    lanes = run(main())
+    assert len(lanes.batches[0]) == 5  # one record per key starts at once, in one batch
+    assert all(len({k for k, _ in b}) == len(b) for b in lanes.batches)  # distinct keys
+    for key, offsets in lanes.order.items():
+        assert offsets == sorted(offsets), key
+    assert sorted(o for o, ok in lanes.done if ok) == list(range(30))
+
+
+def test_a_reported_record_releases_its_key_while_its_batch_still_runs() -> None:
+    async def main() -> Lanes:
+        lanes = Lanes(ExecutionController(100))
+        lanes.delays = {0: 0.3}  # k0's first record holds its batch open
+        lanes.submit("k0", 0)
+        lanes.submit("k1", 1)
+        lanes.submit("k1", 2)  # waits for offset 1 only, not for the whole batch
+        await asyncio.sleep(0.15)
+        assert (2, True) in lanes.done
+        await lanes.controller.join()
+        return lanes
+
+    run(main())
+
+
+def test_draining_a_lane_abandons_what_its_batch_did_not_report() -> None:
+    async def main() -> tuple[int, Lanes]:
+        lanes = Lanes(ExecutionController(100))
+        lanes.delays = {0: 30.0, 1: 0.001}
+        lanes.submit("k0", 0)
+        lanes.submit("k1", 1)
+        lanes.submit("k0", 2)  # buffered behind offset 0
+        lanes.submit("k9", 9, lane="p1")  # another lane: untouched by the drain
+        await asyncio.sleep(0.1)
+        abandoned = await lanes.controller.drain({"p0"}, timeout=0.2)
+        await lanes.controller.join()
+        return abandoned, lanes
+
+    abandoned, lanes = run(main())
+    assert abandoned == 2  # offset 0 (cancelled in its batch) and 2 (buffered)
+    assert sorted(lanes.done) == [(0, False), (1, True), (2, False), (9, True)]
+    assert lanes.controller.in_flight == 0

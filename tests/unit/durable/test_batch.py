@@ -1,0 +1,233 @@
+"""The batch record path (durable/batch.py) has the per-record path's effects.
+
+Reference model: the same records run one by one through ``ActionRunner.run`` on a store
+holding the same journal. Records do 0-3 durable calls, may raise (in the body or in a
+code block), write memory, send an event to a second action, emit outputs, or find
+their ActionDone already journaled (recovery). Journals must match entry for entry
+(timestamps aside), and so must outputs and what each record reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents_stream import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
+from agents_stream.durable.ackfuture import resolved
+from agents_stream.durable.context import ContextConfig
+from agents_stream.durable.journal import ActionDone, CallEntry
+from agents_stream.durable.payload import JSON
+from agents_stream.durable.runner import ActionRunner, RecordInput, RecordOutcome
+from agents_stream.state.memory import InMemoryActionStateStore
+
+POOL = ThreadPoolExecutor(4)
+
+
+class Boom(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class Followed(Event):
+    n: int = 0
+
+
+def lookup(n: int) -> int:
+    if n < 0:
+        raise Boom(f"code block refused {n}")
+    return n + 1
+
+
+class Planned(Agent):
+    """Does what the record's value says."""
+
+    @action(InputEvent)
+    @staticmethod
+    def first(event: InputEvent, ctx: RunnerContext) -> None:
+        plan = event.input
+        n = 0
+        for i in range(plan["calls"]):
+            arg = -1 if plan["block_fails"] and i == plan["calls"] - 1 else n
+            try:
+                n = ctx.execute(lookup, arg)
+            except Boom:
+                n = 100
+        if plan["memory"]:
+            ctx.short_term_memory.set("n", (ctx.short_term_memory.get("n") or 0) + n)
+        if plan["follow"]:
+            ctx.send_event(Followed(n=n))
+        if plan["raises"]:
+            raise Boom(f"action refused {event.key}")
+        for j in range(plan["outputs"]):
+            ctx.send_event(OutputEvent(output={"key": event.key, "n": n, "j": j}))
+
+    @action(Followed)
+    @staticmethod
+    def second(event: Followed, ctx: RunnerContext) -> None:
+        ctx.send_event(OutputEvent(output={"followed": event.n}))
+
+
+class Sink:
+    threadsafe = True
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any]] = []
+
+    def send(self, key: str, values: Any, partition: int) -> Future[None]:
+        self.sent.extend((key, v) for v in values)
+        return resolved()
+
+
+plans = st.fixed_dictionaries(
+    {
+        "calls": st.integers(0, 3),
+        "block_fails": st.booleans(),
+        "memory": st.booleans(),
+        "follow": st.booleans(),
+        "raises": st.booleans(),
+        "outputs": st.integers(0, 2),
+        "journaled": st.booleans(),  # its ActionDone is in the journal already
+    }
+)
+
+
+def runner_for(store: InMemoryActionStateStore, sink: Sink) -> ActionRunner:
+    config = ContextConfig("app", "w", JSON, executor=POOL)
+    return ActionRunner(Planned, store, config, sink, topic="in")
+
+
+def normalised(store: InMemoryActionStateStore) -> dict[Any, Any]:
+    out = {}
+    for identity, entry in store._entries.items():
+        if isinstance(entry, ActionDone):
+            entry = dataclasses.replace(entry, finished_ms=0)
+        elif isinstance(entry, CallEntry):
+            entry = dataclasses.replace(entry, started_ms=0, finished_ms=0, worker_id="")
+        out[identity] = entry
+    return out
+
+
+def outcome_view(result: RecordOutcome | Exception) -> Any:
+    if isinstance(result, Exception):
+        return (type(result).__name__, str(result))
+    return dataclasses.asdict(result)
+
+
+def records_for(batch: list[dict[str, Any]]) -> list[RecordInput]:
+    return [RecordInput(f"k{i}", 10 + i, plan, partition=0) for i, plan in enumerate(batch)]
+
+
+def prepared_store(records: list[RecordInput]) -> InMemoryActionStateStore:
+    """A journal holding the ActionDones of the records marked ``journaled``."""
+    store = InMemoryActionStateStore()
+    runner = runner_for(store, Sink())
+
+    async def prerun() -> None:
+        for record in records:
+            if record.value["journaled"]:
+                try:
+                    await runner.run(record)
+                except Boom:
+                    pass
+
+    asyncio.run(prerun())
+    return store
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(plans, min_size=1, max_size=12))
+def test_a_batch_has_the_effects_of_running_its_records_one_by_one(
+    batch: list[dict[str, Any]],
+) -> None:
+    records = records_for(batch)
+    one_store, one_sink = prepared_store(records), Sink()
+    batch_store, batch_sink = prepared_store(records), Sink()
+
+    async def one_by_one() -> list[Any]:
+        runner, results = runner_for(one_store, one_sink), []
+        for record in records:
+            try:
+                results.append(outcome_view(await runner.run(record)))
+            except Exception as exc:
+                results.append(outcome_view(exc))
+        return results
+
+    async def batched() -> list[Any]:
+        reported: dict[int, Any] = {}
+
+        def report(index: int, result: RecordOutcome | Exception) -> None:
+            assert index not in reported, "a record was reported twice"
+            reported[index] = outcome_view(result)
+
+        await runner_for(batch_store, batch_sink).run_batch(records, report)
+        return [reported[i] for i in range(len(records))]
+
+    assert asyncio.run(batched()) == asyncio.run(one_by_one())
+    assert normalised(batch_store) == normalised(one_store)
+    assert sorted(map(repr, batch_sink.sent)) == sorted(map(repr, one_sink.sent))
+
+
+def test_records_are_reported_as_they_finish_and_share_one_append() -> None:
+    """Records without calls finish in the first round: one append for all of them;
+    a record whose call waits is reported later, on its own."""
+    plain = {"calls": 0, "block_fails": False, "memory": False, "follow": False}
+    plain |= {"raises": False, "outputs": 1, "journaled": False}
+    records = records_for([plain, plain, {**plain, "calls": 1}, plain])
+    store = InMemoryActionStateStore()
+    appends: list[int] = []
+    original = store.append
+
+    def counting(entries: Any, partition: int) -> Future[None]:
+        appends.append(len(entries))
+        return original(entries, partition)
+
+    store.append = counting  # type: ignore[method-assign]
+    order: list[int] = []
+
+    async def main() -> None:
+        await runner_for(store, Sink()).run_batch(records, lambda i, r: order.append(i))
+
+    asyncio.run(main())
+    assert appends[0] == 3  # the three ActionDones of the first round, in one append
+    assert sorted(order) == [0, 1, 2, 3] and order[-1] == 2
+
+
+def slow_block() -> None:
+    time.sleep(0.5)
+
+
+class Waits(Agent):
+    unwound: list[str] = []
+
+    @action(InputEvent)
+    @staticmethod
+    def first(event: InputEvent, ctx: RunnerContext) -> None:
+        try:
+            ctx.execute(slow_block)
+        finally:
+            Waits.unwound.append(event.key)
+
+
+def test_a_cancelled_batch_unwinds_its_waiting_actions_and_reports_nothing() -> None:
+    async def main() -> None:
+        config = ContextConfig("app", "w", JSON, executor=POOL)
+        runner = ActionRunner(Waits, InMemoryActionStateStore(), config, Sink(), topic="in")
+        records = [RecordInput(f"k{i}", i, None) for i in range(3)]
+        reported: list[int] = []
+        task = asyncio.ensure_future(runner.run_batch(records, lambda i, r: reported.append(i)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        assert reported == []  # the controller abandons them: never committed
+
+    asyncio.run(main())
+    assert sorted(Waits.unwound) == ["k0", "k1", "k2"]
