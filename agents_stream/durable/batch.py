@@ -5,7 +5,8 @@ greenlet driver and ack wait, and each ActionDone was appended and awaited on it
 Here one task drives the sync action of every record of a batch (records of one
 partition with distinct keys, as the execution controller starts them):
 
-* each action runs in its own greenlet (as in ``bridge.run_bridged``); when it waits (a
+* each action runs in a carrier greenlet (``bridge.start``, reused from action to action);
+  when it waits (a
   journal ack, a code block in the pool) it switches back here with the awaitable, and
   this driver resumes it once that is done, with every other resumption that became
   ready at the same time;
@@ -31,11 +32,11 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from greenlet import GreenletExit, getcurrent
+from greenlet import GreenletExit
 
 from .ackfuture import then
 from .acks import acked
-from .bridge import _Bridged
+from .bridge import Finished, _Bridged, release, start
 from .journal import ActionDone, ActionRef
 from .runner import ActionRunner, RecordInput, RecordOutcome, _emitted, input_event
 from .store import all_of
@@ -91,11 +92,10 @@ class RecordBatch:
         self._waits: set[asyncio.Future[Any]] = set()
 
     async def run(self) -> None:
-        driver = getcurrent()
         context = contextvars.copy_context()
         for index, record in enumerate(self._records):
             try:
-                self._start(index, record, driver, context)
+                self._start(index, record, context)
             except Exception as exc:  # e.g. an unreadable journal entry of this record
                 self._report(index, exc)
         self._flush()
@@ -113,9 +113,7 @@ class RecordBatch:
             self._abort()
             raise
 
-    def _start(
-        self, index: int, record: RecordInput, driver: Any, context: contextvars.Context
-    ) -> None:
+    def _start(self, index: int, record: RecordInput, context: contextvars.Context) -> None:
         runner = self._runner
         spec = runner.batch_spec
         if spec is None:
@@ -129,39 +127,36 @@ class RecordBatch:
             self._alone(index, record)
             return
         ctx, snapshot, base = runner._context(ref, None, record.keyless)
-        child = _Bridged(spec.fn, driver)
-        # A greenlet starts with an empty context: give it the caller's, as a thread
-        # would (the caller's is copied once per batch, as for a task).
-        child.gr_context = context.copy()
         event = input_event(record)
-        run = _Run(index, record, ref, ctx, snapshot, base, child, event)
-        self._step(run, child.switch, (event, ctx))
+        # Each action in a carrier greenlet with a copy of the caller's context, as a
+        # task would have (the caller's is copied once per batch).
+        carrier, step = start(spec.fn, (event, ctx), context.copy())
+        self._stepped(_Run(index, record, ref, ctx, snapshot, base, carrier, event), step)
 
     # -- driving actions ----------------------------------------------------------------
-    def _step(self, run: _Run, resume: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        """Switch into ``run``'s action; it returns, raises or waits for an awaitable."""
-        try:
-            awaitable = resume(*args)
-        except Exception as exc:
+    def _stepped(self, run: _Run, step: Any) -> None:
+        """``run``'s action returned, raised, or waits for the awaitable ``step``."""
+        if type(step) is Finished:
             self._live.pop(run.index, None)
-            self._report(run.index, exc)
-            return
-        if run.child.dead:
-            self._live.pop(run.index, None)
-            self._returned(run)
+            release(run.child)
+            if step.error is not None:
+                if not isinstance(step.error, Exception):
+                    raise step.error  # e.g. KeyboardInterrupt: not the record's failure
+                self._report(run.index, step.error)
+            else:
+                self._returned(run)
             return
         self._live[run.index] = run
-        self._wait(asyncio.ensure_future(awaitable), partial(self._resume, run))
+        self._wait(asyncio.ensure_future(step), partial(self._resume, run))
 
     def _resume(self, run: _Run, fut: asyncio.Future[Any]) -> None:
+        child = run.child
         if fut.cancelled():
-            self._step(run, run.child.throw, (asyncio.CancelledError(),))
+            self._stepped(run, child.throw(asyncio.CancelledError()))
             return
         exc = fut.exception()
-        if exc is not None:  # delivered into the action, which may handle it
-            self._step(run, run.child.throw, (exc,))
-        else:
-            self._step(run, run.child.switch, (fut.result(),))
+        # An error is delivered into the action, which may handle it.
+        self._stepped(run, child.throw(exc) if exc is not None else child.switch(fut.result()))
 
     def _returned(self, run: _Run) -> None:
         runner = self._runner

@@ -15,36 +15,98 @@ code block in the host's thread pool (it may block on I/O); acks on the loop.
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from greenlet import getcurrent, greenlet
+from greenlet import GreenletExit, getcurrent, greenlet
 
 T = TypeVar("T")
 
 
 class _Bridged(greenlet):  # type: ignore[misc]
-    """A greenlet running a sync action; ``driver`` is the asyncio task's greenlet."""
+    """A greenlet running a sync action; ``driver`` is the greenlet that switched to it
+    (the asyncio task's), which it switches back to when it waits or is done."""
 
     def __init__(self, fn: Callable[..., Any], driver: greenlet) -> None:
         super().__init__(fn, driver)
         self.driver = driver
 
 
+class Finished:
+    """What a carrier switches back with once its action returned or raised."""
+
+    __slots__ = ("error", "value")
+
+    def __init__(self, value: Any, error: BaseException | None) -> None:
+        self.value = value
+        self.error = error
+
+    def unwrap(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _carry(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Body of a carrier: runs one action after another. Starting a greenlet costs about
+    ten times switching into a live one, and every sync action needs one."""
+    me = getcurrent()
+    while True:
+        try:
+            out = Finished(fn(*args), None)
+        except GreenletExit:
+            raise  # abandoned while waiting: this carrier ends here
+        except BaseException as exc:
+            out = Finished(None, exc)
+        fn, args = me.driver.switch(out)
+
+
+_idle = threading.local()
+MAX_IDLE = 256  # carriers kept per thread for reuse
+
+
+def start(
+    fn: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context
+) -> tuple[_Bridged, Any]:
+    """Run ``fn(*args)`` in a carrier greenlet of this thread, with ``context`` (a
+    greenlet starts with an empty one; a thread would see its caller's). Returns the
+    carrier and either a :class:`Finished` or the awaitable the action waits for: resume
+    it with ``carrier.switch(result)`` / ``carrier.throw(exc)``, which return the same,
+    and give it back with :func:`release` once finished."""
+    driver = getcurrent()
+    pool: list[_Bridged] | None = getattr(_idle, "pool", None)
+    if pool:
+        carrier = pool.pop()
+        carrier.driver = driver
+    else:
+        carrier = _Bridged(_carry, driver)
+    carrier.gr_context = context
+    return carrier, carrier.switch(fn, args)
+
+
+def release(carrier: _Bridged) -> None:
+    """A carrier whose action finished, for the next action of this thread."""
+    pool: list[_Bridged] | None = getattr(_idle, "pool", None)
+    if pool is None:
+        pool = _idle.pool = []
+    if len(pool) < MAX_IDLE and not carrier.dead:
+        carrier.gr_context = None
+        pool.append(carrier)
+
+
 async def run_bridged(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` on this loop's thread; :func:`await_` inside it suspends it."""
-    child = _Bridged(fn, getcurrent())
-    # A greenlet starts with an empty context: give it the caller's, as a thread would.
-    child.gr_context = contextvars.copy_context()
-    step = child.switch(*args)
-    while not child.dead:
+    carrier, step = start(fn, args, contextvars.copy_context())
+    while type(step) is not Finished:
         try:
             value = await step
         except BaseException as exc:  # delivered into the action, which may handle it
-            step = child.throw(exc)
+            step = carrier.throw(exc)
         else:
-            step = child.switch(value)
-    return step  # type: ignore[no-any-return]
+            step = carrier.switch(value)
+    release(carrier)
+    return step.unwrap()  # type: ignore[no-any-return]
 
 
 def bridged() -> bool:
