@@ -257,7 +257,11 @@ def _send_outputs(
     """Outputs of acked ActionDones; once all are acked, their emitted markers in one
     append (not awaited: a lost marker only means the outputs may be sent once more)."""
     sink = runner.sink
-    sent = all_of([sink.send(done.ref.key, values, partition) for done, values in sends])
+    send_batch = getattr(sink, "send_batch", None)
+    if send_batch is not None:
+        sent = send_batch([(done.ref.key, values) for done, values in sends])
+    else:
+        sent = all_of([sink.send(done.ref.key, values, partition) for done, values in sends])
     sent.add_done_callback(partial(_mark_emitted, runner, [done for done, _ in sends], partition))
     return sent
 

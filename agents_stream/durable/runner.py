@@ -64,6 +64,9 @@ from .timers import Timers
 
 
 class OutputSink(Protocol):
+    """Where outputs go. A sink may also offer ``send_batch(outputs)`` (pairs of key and
+    values, one future for all), which the batch path uses when present."""
+
     def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
         """Send ``values`` downstream; the future resolves when they are durable."""
         ...

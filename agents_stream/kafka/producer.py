@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -31,9 +31,33 @@ class Ack:
     offset: int
     key: bytes | None
     value: bytes | None
-    future: Future[None]
+    future: Future[None] | _Countdown
     error: KafkaError | None = None
     sent: float = 0.0  # time.monotonic() at produce
+
+
+class _Countdown:
+    """Stands in for the future of each record of a group sent by
+    :meth:`AckingProducer.send_all`: the group's one future resolves when the last of
+    them is acked, or with the first failure. Only the poll thread's ``_dispatch``
+    resolves acks, so it needs no lock (a future and a callback per record did)."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, future: AckFuture[None], left: int) -> None:
+        self.future = future
+        self.left = left
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, _: None) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.future.set_result(None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.future.set_exception(exc)
 
 
 class AckingProducer:
@@ -81,10 +105,40 @@ class AckingProducer:
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
     ) -> Future[None]:
-        fut: Future[None] = AckFuture()
+        fut: AckFuture[None] = AckFuture()
         # A partial, not a closure: one allocation per record instead of a function and
         # its cells; the delivery report appends (err, msg).
         delivered = partial(self._delivered, key, value, fut, time.monotonic())
+        self._produce(topic, value, key, partition, headers, delivered)
+        return fut
+
+    def send_all(
+        self,
+        topic: str,
+        records: Sequence[tuple[bytes | None, bytes | None]],
+        *,
+        partition: int | None = None,
+    ) -> Future[None]:
+        """Send ``(key, value)`` records; one future for all of them (first error wins)."""
+        fut: AckFuture[None] = AckFuture()
+        if not records:
+            fut.set_result(None)
+            return fut
+        group, sent = _Countdown(fut, len(records)), time.monotonic()
+        for key, value in records:
+            delivered = partial(self._delivered, key, value, group, sent)
+            self._produce(topic, value, key, partition, None, delivered)
+        return fut
+
+    def _produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        partition: int | None,
+        headers: list[tuple[str, bytes]] | None,
+        delivered: Callable[[KafkaError | None, Message], None],
+    ) -> None:
         producer = self._producer  # not `or`: a Producer's len() is its queue length
         if producer is None:
             producer = self.producer
@@ -93,14 +147,15 @@ class AckingProducer:
                 if partition is not None and not headers:
                     # Positional: the usual journal append skips building keyword args.
                     producer.produce(topic, value, key, partition, delivered)
-                else:
+                elif headers:
                     kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
                     if partition is not None:
                         kwargs["partition"] = partition
-                    if headers:
-                        kwargs["headers"] = headers
+                    kwargs["headers"] = headers
                     producer.produce(topic, **kwargs)
-                return fut
+                else:
+                    producer.produce(topic, value, key, on_delivery=delivered)
+                return
             except BufferError:
                 # Local queue full: let deliveries drain instead of failing the action.
                 producer.poll(0.05)
@@ -109,7 +164,7 @@ class AckingProducer:
         self,
         key: bytes | None,
         value: bytes | None,
-        fut: Future[None],
+        fut: Future[None] | _Countdown,
         sent: float,
         err: KafkaError | None,
         msg: Message,

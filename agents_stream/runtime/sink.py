@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from ..durable.store import all_of
 from ..kafka.producer import AckingProducer
 
 
@@ -22,7 +21,12 @@ class KafkaOutputSink:
 
     def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
         # The output keeps the input key; its partition follows from the key.
-        raw_key = key.encode()
-        return all_of(
-            [self._producer.send(self._topic, self._codec.encode(v), key=raw_key) for v in values]
+        raw_key, encode = key.encode(), self._codec.encode
+        return self._producer.send_all(self._topic, [(raw_key, encode(v)) for v in values])
+
+    def send_batch(self, outputs: Sequence[tuple[str, Sequence[Any]]]) -> Future[None]:
+        """Outputs of many keys (a batch's finished actions), one future for all."""
+        encode = self._codec.encode
+        return self._producer.send_all(
+            self._topic, [(key.encode(), encode(v)) for key, values in outputs for v in values]
         )

@@ -163,12 +163,14 @@ class KafkaActionStateStore(ActionStateStore):
     # -- writes -------------------------------------------------------------------------
     def append(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> Future[None]:
         # Every action run appends (its ActionDone at least), nearly always one entry.
-        send, encode, topic = self._producer.send, self._codec.encode, self.topic
-        futures = []
-        for entry in entries:
+        encode, key_of = self._codec.encode, keys.entry_key_bytes
+        if len(entries) == 1:
+            entry = entries[0]
             value = None if isinstance(entry, Tombstone) else encode(entry)
-            futures.append(send(topic, value, key=keys.entry_key_bytes(entry), partition=partition))
-        return futures[0] if len(futures) == 1 else all_of(futures)
+            return self._producer.send(self.topic, value, key=key_of(entry), partition=partition)
+        # A batch's ActionDones, emitted markers or effects: one future for the group.
+        records = [(key_of(e), None if isinstance(e, Tombstone) else encode(e)) for e in entries]
+        return self._producer.send_all(self.topic, records, partition=partition)
 
     def forget_firing(self, timer: TimerEntry) -> Future[None]:
         cache = self._caches.get(timer.partition)
@@ -183,10 +185,8 @@ class KafkaActionStateStore(ActionStateStore):
         return self._tombstone(doomed, timer.partition)
 
     def _tombstone(self, raw_keys: Sequence[bytes], partition: int) -> Future[None]:
-        futures = [
-            self._producer.send(self.topic, None, key=k, partition=partition) for k in raw_keys
-        ]
-        return all_of(futures)
+        records = [(k, None) for k in raw_keys]
+        return self._producer.send_all(self.topic, records, partition=partition)
 
     def remove_calls(self, ref: ActionRef, from_index: int) -> Future[None]:
         doomed = [

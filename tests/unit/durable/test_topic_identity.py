@@ -61,6 +61,13 @@ class FakeProducer:
         fut.set_result(None)
         return fut
 
+    def send_all(self, topic, records, *, partition=0) -> Future[None]:
+        for key, value in records:
+            self.send(topic, value, key=key, partition=partition)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
 
 @pytest.fixture(params=["memory", "kafka"])
 def store(request, tmp_path: Path):
