@@ -2,14 +2,14 @@
 
 Why: run one by one, every record paid for its own asyncio task, coroutine chain,
 greenlet driver and ack wait, and each ActionDone was appended and awaited on its own.
-Here one task drives the sync action of every record of a batch (records of one
+Here one task drives the first action of every record of a batch (records of one
 partition with distinct keys, as the execution controller starts them):
 
-* each action runs in a carrier greenlet (``bridge.start``, reused from action to action);
-  when it waits (a
-  journal ack, a code block in the pool) it switches back here with the awaitable, and
-  this driver resumes it once that is done, with every other resumption that became
-  ready at the same time;
+* a sync action runs in a carrier greenlet (``bridge.start``, reused from action to
+  action); when it waits (a journal ack, a code block in the pool) it switches back here
+  with the awaitable, and this driver resumes it once that is done, with every other
+  resumption that became ready at the same time. An async action runs on a task of its
+  own (so that timeouts and cancellation inside it stay its own);
 * the actions that returned in one round are completed as a group: one append of their
   ActionDones, one ack wait, their outputs sent from the producer's thread once the
   ActionDones are acked, their emitted markers once the outputs are (group commit);
@@ -64,7 +64,7 @@ class _Run:
         ctx: RunnerContext,
         snapshot: Callable[[], MemorySnapshot | None],
         base: Callable[[], dict[str, bytes]],
-        child: _Bridged,
+        child: _Bridged | None,
         event: InputEvent,
     ) -> None:
         self.index = index
@@ -128,17 +128,36 @@ class RecordBatch:
             return
         ctx, snapshot, base = runner._context(ref, None, record.keyless)
         event = input_event(record)
+        if spec.is_async:
+            # Its own task, as on the per-record path: asyncio.timeout(), TaskGroups and
+            # cancellation inside the action act on the action alone.
+            run = _Run(index, record, ref, ctx, snapshot, base, None, event)
+            task = asyncio.ensure_future(spec.fn(event, ctx))
+            self._wait(task, partial(self._async_returned, run))
+            return
         # Each action in a carrier greenlet with a copy of the caller's context, as a
         # task would have (the caller's is copied once per batch).
         carrier, step = start(spec.fn, (event, ctx), context.copy())
         self._stepped(_Run(index, record, ref, ctx, snapshot, base, carrier, event), step)
+
+    def _async_returned(self, run: _Run, task: asyncio.Future[None]) -> None:
+        if task.cancelled():
+            self._report(run.index, asyncio.CancelledError())
+            return
+        exc = task.exception()
+        if exc is None:
+            self._returned(run)
+        elif isinstance(exc, Exception):
+            self._report(run.index, exc)
+        else:
+            raise exc  # e.g. KeyboardInterrupt: not the record's failure
 
     # -- driving actions ----------------------------------------------------------------
     def _stepped(self, run: _Run, step: Any) -> None:
         """``run``'s action returned, raised, or waits for the awaitable ``step``."""
         if type(step) is Finished:
             self._live.pop(run.index, None)
-            release(run.child)
+            release(run.child)  # type: ignore[arg-type]
             if step.error is not None:
                 if not isinstance(step.error, Exception):
                     raise step.error  # e.g. KeyboardInterrupt: not the record's failure
@@ -151,6 +170,7 @@ class RecordBatch:
 
     def _resume(self, run: _Run, fut: asyncio.Future[Any]) -> None:
         child = run.child
+        assert child is not None
         if fut.cancelled():
             self._stepped(run, child.throw(asyncio.CancelledError()))
             return
@@ -241,7 +261,7 @@ class RecordBatch:
         records are the controller's to abandon."""
         for run in list(self._live.values()):
             try:
-                run.child.throw(GreenletExit())
+                run.child.throw(GreenletExit())  # type: ignore[union-attr]
             except BaseException:  # an action unwinding: nobody is left to report to
                 pass
         self._live.clear()

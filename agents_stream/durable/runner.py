@@ -142,11 +142,9 @@ class ActionRunner:
         self.on_timers = on_timers
         self._actions = agent.actions()
         # The batch path (durable/batch.py) runs the first action of many records
-        # together when the input has exactly one listener and it is a sync action.
+        # together when the input has exactly one listener.
         first = [a for a in self._actions if issubclass(InputEvent, a.listens)]
-        self.batch_spec: ActionSpec | None = (
-            first[0] if len(first) == 1 and not first[0].is_async else None
-        )
+        self.batch_spec: ActionSpec | None = first[0] if len(first) == 1 else None
 
     def _listeners(self, event: Event) -> list[ActionSpec]:
         return [a for a in self._actions if isinstance(event, a.listens)]

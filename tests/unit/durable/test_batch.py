@@ -73,6 +73,35 @@ class Planned(Agent):
         ctx.send_event(OutputEvent(output={"followed": event.n}))
 
 
+class PlannedAsync(Agent):
+    """Planned, as an async action (its first action runs on a task of its own)."""
+
+    @action(InputEvent)
+    @staticmethod
+    async def first(event: InputEvent, ctx: RunnerContext) -> None:
+        plan = event.input
+        n = 0
+        for i in range(plan["calls"]):
+            arg = -1 if plan["block_fails"] and i == plan["calls"] - 1 else n
+            try:
+                n = await ctx.execute_async(lookup, arg)
+            except Boom:
+                n = 100
+        if plan["memory"]:
+            ctx.short_term_memory.set("n", (ctx.short_term_memory.get("n") or 0) + n)
+        if plan["follow"]:
+            ctx.send_event(Followed(n=n))
+        if plan["raises"]:
+            raise Boom(f"action refused {event.key}")
+        for j in range(plan["outputs"]):
+            ctx.send_event(OutputEvent(output={"key": event.key, "n": n, "j": j}))
+
+    @action(Followed)
+    @staticmethod
+    def second(event: Followed, ctx: RunnerContext) -> None:
+        ctx.send_event(OutputEvent(output={"followed": event.n}))
+
+
 class Sink:
     threadsafe = True
 
@@ -97,9 +126,11 @@ plans = st.fixed_dictionaries(
 )
 
 
-def runner_for(store: InMemoryActionStateStore, sink: Sink) -> ActionRunner:
+def runner_for(
+    store: InMemoryActionStateStore, sink: Sink, agent: type[Agent] = Planned
+) -> ActionRunner:
     config = ContextConfig("app", "w", JSON, executor=POOL)
-    return ActionRunner(Planned, store, config, sink, topic="in")
+    return ActionRunner(agent, store, config, sink, topic="in")
 
 
 def normalised(store: InMemoryActionStateStore) -> dict[Any, Any]:
@@ -123,10 +154,10 @@ def records_for(batch: list[dict[str, Any]]) -> list[RecordInput]:
     return [RecordInput(f"k{i}", 10 + i, plan, partition=0) for i, plan in enumerate(batch)]
 
 
-def prepared_store(records: list[RecordInput]) -> InMemoryActionStateStore:
+def prepared_store(records: list[RecordInput], agent: type[Agent]) -> InMemoryActionStateStore:
     """A journal holding the ActionDones of the records marked ``journaled``."""
     store = InMemoryActionStateStore()
-    runner = runner_for(store, Sink())
+    runner = runner_for(store, Sink(), agent)
 
     async def prerun() -> None:
         for record in records:
@@ -140,17 +171,17 @@ def prepared_store(records: list[RecordInput]) -> InMemoryActionStateStore:
     return store
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(plans, min_size=1, max_size=12))
+@settings(max_examples=80, deadline=None)
+@given(st.lists(plans, min_size=1, max_size=12), st.sampled_from([Planned, PlannedAsync]))
 def test_a_batch_has_the_effects_of_running_its_records_one_by_one(
-    batch: list[dict[str, Any]],
+    batch: list[dict[str, Any]], agent: type[Agent]
 ) -> None:
     records = records_for(batch)
-    one_store, one_sink = prepared_store(records), Sink()
-    batch_store, batch_sink = prepared_store(records), Sink()
+    one_store, one_sink = prepared_store(records, agent), Sink()
+    batch_store, batch_sink = prepared_store(records, agent), Sink()
 
     async def one_by_one() -> list[Any]:
-        runner, results = runner_for(one_store, one_sink), []
+        runner, results = runner_for(one_store, one_sink, agent), []
         for record in records:
             try:
                 results.append(outcome_view(await runner.run(record)))
@@ -165,7 +196,7 @@ def test_a_batch_has_the_effects_of_running_its_records_one_by_one(
             assert index not in reported, "a record was reported twice"
             reported[index] = outcome_view(result)
 
-        await runner_for(batch_store, batch_sink).run_batch(records, report)
+        await runner_for(batch_store, batch_sink, agent).run_batch(records, report)
         return [reported[i] for i in range(len(records))]
 
     assert asyncio.run(batched()) == asyncio.run(one_by_one())
