@@ -290,4 +290,4 @@ def _mark_emitted(
     runner: ActionRunner, dones: list[ActionDone], partition: int, sent: Future[None]
 ) -> None:
     if sent.exception() is None:
-        runner.store.append([_emitted(done) for done in dones], partition)
+        runner.store.note([_emitted(done) for done in dones], partition)

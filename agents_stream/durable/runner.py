@@ -369,7 +369,7 @@ class ActionRunner:
 
     def _mark_emitted(self, done: ActionDone, sent: Future[None]) -> None:
         if sent.exception() is None:
-            self.store.append([_emitted(done)], done.ref.partition)
+            self.store.note([_emitted(done)], done.ref.partition)
 
     async def _write_effects(
         self, done: ActionDone, base: dict[str, bytes], *, first: list[JournalEntry]
@@ -441,7 +441,7 @@ class ActionRunner:
             return
         await acked(self.sink.send(done.ref.key, values, done.ref.partition))
         # Not awaited: a lost marker only means the outputs may be sent once more.
-        self.store.append([_emitted(done)], done.ref.partition)
+        self.store.note([_emitted(done)], done.ref.partition)
 
     def _rebuild_events(self, done: ActionDone) -> list[Event]:
         events = []

@@ -113,6 +113,11 @@ class ActionStateStore(ABC):
         once all are durable. Order holds on the log: a durable entry implies every
         earlier one of the same call is durable."""
 
+    def note(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> None:
+        """Append entries whose acks nobody waits for (emitted markers): a store may
+        track only the group, not each entry (see ``AckingProducer.send_untracked``)."""
+        self.append(entries, partition)
+
     @abstractmethod
     def forget_firing(self, timer: TimerEntry) -> Future[None]:
         """Tombstone the call, done and truncation entries of ``timer``'s firing."""
@@ -130,6 +135,13 @@ class ActionStateStore(ABC):
     @abstractmethod
     def remove_calls(self, ref: ActionRef, from_index: int) -> Future[None]:
         """Tombstone call slots ``from_index`` and later (truncation after divergence)."""
+
+    def prune_records(
+        self, records: Sequence[tuple[int, str]], partition: int, topic: str = ""
+    ) -> None:
+        """:meth:`prune` for many ``(seq, key)`` records of one partition."""
+        for seq, key in records:
+            self.prune(key, seq, partition, topic)
 
     @abstractmethod
     def prune(self, key: str, seq: int, partition: int, topic: str = "") -> None:

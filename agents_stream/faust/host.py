@@ -400,8 +400,7 @@ class DurableAgent:
                     "completed-through marker not written (not pruning): %s", fut.exception()
                 )
                 return
-            for offset, key in done:
-                store.prune(key, offset, partition, self.input)
+            store.prune_records(done, partition, self.input)
 
         store.append([marker], partition).add_done_callback(prune)
 

@@ -130,6 +130,50 @@ class AckingProducer:
             self._produce(topic, value, key, partition, None, delivered)
         return fut
 
+    def send_untracked(
+        self, topic: str, records: Sequence[tuple[bytes | None, bytes | None]], partition: int
+    ) -> Future[None]:
+        """Send records whose individual acks nobody waits for (emitted markers, pruning
+        tombstones): only the last one carries a delivery report, and the ``on_acked``
+        hook sees all of them when it arrives.
+
+        Why: the client takes the GIL for every delivery report, and while the event loop
+        is busy each one waits for a GIL switch, so reports (and the acks waiting behind
+        them) queue up. One partition's records are acked in order (the producer is
+        idempotent), so the last one's report stands for the group. If an earlier one
+        failed while the last succeeded, the hook has applied an entry the log lacks: for
+        these records that only means a marker or a tombstone is missing from the log,
+        which costs a re-sent output or a leftover entry, as a lost marker or a lost
+        tombstone always has.
+        """
+        fut: AckFuture[None] = AckFuture()
+        if not records:
+            fut.set_result(None)
+            return fut
+        sent = time.monotonic()
+        for key, value in records[:-1]:
+            self._produce(topic, value, key, partition, None, None)
+        delivered = partial(self._delivered_group, records, fut, sent)
+        key, value = records[-1]
+        self._produce(topic, value, key, partition, None, delivered)
+        return fut
+
+    def _delivered_group(
+        self,
+        records: Sequence[tuple[bytes | None, bytes | None]],
+        fut: AckFuture[None],
+        sent: float,
+        err: KafkaError | None,
+        msg: Message,
+    ) -> None:
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        group = _Countdown(fut, len(records))
+        # The earlier records' offsets are below the last one's: the hook only uses the
+        # highest (the cache checkpoint).
+        acks = [Ack(topic, partition, offset, k, v, group, err, sent) for k, v in records]
+        with self._batch_lock:
+            self._batch.extend(acks)
+
     def _produce(
         self,
         topic: str,
@@ -137,7 +181,7 @@ class AckingProducer:
         key: bytes | None,
         partition: int | None,
         headers: list[tuple[str, bytes]] | None,
-        delivered: Callable[[KafkaError | None, Message], None],
+        delivered: Callable[[KafkaError | None, Message], None] | None,
     ) -> None:
         producer = self._producer  # not `or`: a Producer's len() is its queue length
         if producer is None:

@@ -169,8 +169,7 @@ class CommitProtocol:
         for (topic, partition), records in done.items():
             if topic not in self._agents:
                 continue
-            for offset, key in records:
-                self.store.prune(key, offset, partition, topic)
+            self.store.prune_records(records, partition, topic)
 
     async def _mark_progress(self, offsets: dict[tuple[str, int], int]) -> bool:
         """Step 3: completed-through markers of the committed agent partitions; True when

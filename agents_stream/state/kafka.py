@@ -172,6 +172,11 @@ class KafkaActionStateStore(ActionStateStore):
         records = [(key_of(e), None if isinstance(e, Tombstone) else encode(e)) for e in entries]
         return self._producer.send_all(self.topic, records, partition=partition)
 
+    def note(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> None:
+        encode, key_of = self._codec.encode, keys.entry_key_bytes
+        records = [(key_of(e), None if isinstance(e, Tombstone) else encode(e)) for e in entries]
+        self._producer.send_untracked(self.topic, records, partition)
+
     def forget_firing(self, timer: TimerEntry) -> Future[None]:
         cache = self._caches.get(timer.partition)
         if cache is None:
@@ -197,20 +202,28 @@ class KafkaActionStateStore(ActionStateStore):
         return self._tombstone(doomed, ref.partition)
 
     def prune(self, key: str, seq: int, partition: int, topic: str = "") -> None:
+        self.prune_records([(seq, key)], partition, topic)
+
+    def prune_records(
+        self, records: Sequence[tuple[int, str]], partition: int, topic: str = ""
+    ) -> None:
         cache = self._caches.get(partition)
         if cache is None:
             return
-        doomed = []
-        if topic:
-            doomed = [k for p in keys.record_prefixes(key, seq, topic) for k, _ in cache.scan(p)]
-        if not topic or topic in self.legacy_topics:
-            doomed += [
-                k
-                for p in keys.record_prefixes(key, seq)
-                for k, _ in cache.scan(p)
-                if keys.is_legacy(keys.decode_identity(k))
-            ]
-        self._tombstone(doomed, partition)
+        legacy = not topic or topic in self.legacy_topics
+        doomed: list[bytes] = []
+        for seq, key in records:
+            if topic:
+                for prefix in keys.record_prefixes(key, seq, topic):
+                    doomed.extend(k for k, _ in cache.scan(prefix))
+            if legacy:
+                for prefix in keys.record_prefixes(key, seq):
+                    doomed.extend(
+                        k for k, _ in cache.scan(prefix) if keys.is_legacy(keys.decode_identity(k))
+                    )
+        # Nobody waits for these: a lost tombstone only leaves an entry behind, so the
+        # whole commit's tombstones of a partition go as one untracked group.
+        self._producer.send_untracked(self.topic, [(k, None) for k in doomed], partition)
 
     def _on_acked(self, acks: list[Ack]) -> None:
         by_partition: dict[int, list[Ack]] = {}

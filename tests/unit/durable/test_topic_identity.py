@@ -61,6 +61,9 @@ class FakeProducer:
         fut.set_result(None)
         return fut
 
+    def send_untracked(self, topic, records, partition) -> Future[None]:
+        return self.send_all(topic, records, partition=partition)
+
     def send_all(self, topic, records, *, partition=0) -> Future[None]:
         for key, value in records:
             self.send(topic, value, key=key, partition=partition)

@@ -70,3 +70,27 @@ def test_the_first_failure_fails_the_group_and_later_acks_are_ignored() -> None:
 def test_an_empty_group_is_acked_at_once() -> None:
     acking, _, _ = producer()
     assert acking.send_all("t", []).done()
+
+
+def test_an_untracked_group_reports_once_and_the_hook_sees_every_record() -> None:
+    """Markers and tombstones: only the last record has a delivery report (one GIL
+    round trip per group instead of one per record); the cache hook still gets all."""
+    acking, fake, hooked = producer()
+    fut = acking.send_untracked("t", [(b"a", b"1"), (b"b", None), (b"c", b"3")], 0)
+    assert [cb is None for *_, cb in fake.callbacks] == [True, True, False]
+    fake.callbacks[2][3](None, Msg("t", 7))
+    acking._dispatch()
+    assert fut.done() and fut.exception() is None
+    assert [(a.key, a.value, a.offset) for a in hooked[0]] == [
+        (b"a", b"1", 7),
+        (b"b", None, 7),
+        (b"c", b"3", 7),
+    ]
+
+
+def test_a_failed_untracked_group_applies_nothing() -> None:
+    acking, fake, hooked = producer()
+    fut = acking.send_untracked("t", [(b"a", b"1"), (b"b", b"2")], 0)
+    fake.callbacks[1][3](KafkaError(KafkaError._MSG_TIMED_OUT), Msg("t", 3))
+    acking._dispatch()
+    assert isinstance(fut.exception(), KafkaIOError) and hooked == []

@@ -65,6 +65,10 @@ class FakeStore:
         assert self.markers and self.markers[-1].offset > seq
         self.pruned.append((key, seq, partition))
 
+    def prune_records(self, records, partition: int, topic: str = "") -> None:
+        for seq, key in records:
+            self.prune(key, seq, partition, topic)
+
 
 class LoopOnly(defaultdict):
     """Finished-record bookkeeping that must only be touched on the loop's thread."""
