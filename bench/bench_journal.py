@@ -1,13 +1,15 @@
 """Cost of journaling: events/s of an action with 1 and 3 durable calls vs none.
 
-Drives ``ActionRunner.run`` directly (no consumer) with many keys at once through the
-real store path: AckingProducer (the worker's producer config) -> fresh embedded broker
+Drives the runner directly (no consumer) with many keys at once, as the worker does:
+the records that can start together run as one batch per partition
+(``ActionRunner.run_batch``; ``--per-record``: one ``ActionRunner.run`` each), under the
+worker's interpreter settings (``runtime/tuning.py``), through the real store path: AckingProducer (the worker's producer config) -> fresh embedded broker
 -> acked records applied to RocksDB -> futures resolved. Every variant pays the same
 per-record ActionDone append; what differs is only how its trivial function is called:
 
 - ``direct``: called (or awaited) in the action body, nothing journaled: the baseline;
-- ``execute``: ``ctx.execute`` from a sync action (which the runner runs in the worker's
-  64-thread pool, as the worker does; each call blocks its thread until acked);
+- ``execute``: ``ctx.execute`` from a sync action (its body suspended on the loop while
+  the function runs in the worker's 64-thread code block pool and its result is acked);
 - ``execute_async``: ``await ctx.execute_async`` of a coroutine function from an async
   action (each call waits for its ack without holding a thread).
 
@@ -17,16 +19,17 @@ latency columns are append -> future resolved (broker ack + RocksDB apply) under
 row's load; the line below the table is the same for one append at a time.
 
 Run: ``.venv/bin/python bench/bench_journal.py [--records 20000] [--concurrency 500]
-[--rounds 3] [--quick]``
+[--rounds 3] [--per-record] [--quick]``
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,10 +39,12 @@ from agents_stream.agent import Agent, action
 from agents_stream.durable.context import ContextConfig, RunnerContext
 from agents_stream.durable.journal import ActionRef, CallEntry, CallStatus, JournalEntry
 from agents_stream.durable.payload import JSON
+from agents_stream.durable.pool import CodeBlockPool
 from agents_stream.durable.runner import ActionRunner, RecordInput
 from agents_stream.events import InputEvent
 from agents_stream.kafka.config import producer_config
 from agents_stream.kafka.producer import AckingProducer
+from agents_stream.runtime.tuning import freeze_startup, record_processing
 from agents_stream.serde.journal import default_journal_codec
 from agents_stream.state.kafka import KafkaActionStateStore
 from agents_stream.testing import EmbeddedBroker
@@ -101,19 +106,60 @@ def make_agent(kind: Kind, calls: int, journaled: bool) -> type[Agent]:
     return type(name, (Agent,), {"process": action(InputEvent)(staticmethod(fn))})
 
 
-async def drive(runner: ActionRunner, records: int, concurrency: int, seq_base: int) -> float:
-    """Run ``records`` distinct keys through ``runner``, ``concurrency`` at a time; events/s."""
-    todo = iter(range(records))
+async def drive(
+    runner: ActionRunner, records: int, concurrency: int, seq_base: int, per_record: bool = False
+) -> float:
+    """Run ``records`` distinct keys through ``runner``, ``concurrency`` in flight; events/s.
 
-    async def lane() -> None:
-        for i in todo:  # one shared iterator: each lane takes the next record when free
-            await runner.run(
-                RecordInput(key=f"k{i}", seq=seq_base + i, value=i, partition=i % PARTITIONS)
-            )
+    As the worker does: the records that can start together run as one batch per
+    partition (``ActionRunner.run_batch``), and each finished record makes room for the
+    next. ``per_record``: one ``ActionRunner.run`` per record instead (the Faust host's
+    and timers' path).
+    """
+    if per_record:
+        todo = iter(range(records))
+
+        async def lane() -> None:
+            for i in todo:  # one shared iterator: each lane takes the next record when free
+                await runner.run(record(i, seq_base))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        return records / (time.perf_counter() - started)
+
+    pending = iter(range(records))
+    free, finished = concurrency, 0
+    wake = asyncio.Event()
+    errors: list[BaseException] = []
+    batches: set[asyncio.Future[None]] = set()
+
+    def report(_: int, result: object) -> None:
+        nonlocal free, finished
+        free, finished = free + 1, finished + 1
+        if isinstance(result, Exception):
+            errors.append(result)
+        wake.set()
 
     started = time.perf_counter()
-    await asyncio.gather(*(lane() for _ in range(concurrency)))
+    while finished < records:
+        by_partition: dict[int, list[RecordInput]] = {}
+        for i in itertools.islice(pending, free):
+            by_partition.setdefault(i % PARTITIONS, []).append(record(i, seq_base))
+        for batch in by_partition.values():
+            free -= len(batch)
+            task = asyncio.ensure_future(runner.run_batch(batch, report))
+            batches.add(task)
+            task.add_done_callback(batches.discard)
+        wake.clear()
+        if finished < records:
+            await wake.wait()
+    if errors:
+        raise errors[0]
     return records / (time.perf_counter() - started)
+
+
+def record(i: int, seq_base: int) -> RecordInput:
+    return RecordInput(key=f"k{i}", seq=seq_base + i, value=i, partition=i % PARTITIONS)
 
 
 async def idle_latency(store: TimedStore, appends: int) -> list[float]:
@@ -126,7 +172,7 @@ async def idle_latency(store: TimedStore, appends: int) -> list[float]:
     return store.samples
 
 
-async def main_async(records: int, concurrency: int, rounds: int) -> None:
+async def main_async(records: int, concurrency: int, rounds: int, per_record: bool) -> None:
     started = time.perf_counter()
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as data_dir:
         create_topic(broker.bootstrap, TOPIC, PARTITIONS, compact=True)
@@ -141,14 +187,15 @@ async def main_async(records: int, concurrency: int, rounds: int) -> None:
         store.samples = []
         for p in range(PARTITIONS):
             store.assign(p)
-        pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="bench-action")
+        pool = CodeBlockPool(POOL_THREADS)
         config = ContextConfig(app_id="bench", worker_id="bench", codec=JSON, executor=pool)
 
         def runner(kind: Kind, calls: int, journaled: bool) -> ActionRunner:
             return ActionRunner(make_agent(kind, calls, journaled), store, config)
 
+        freeze_startup()
         # Warm-up (connections, thread pool, RocksDB) on seqs no measured row uses.
-        await drive(runner("async", 1, True), min(2000, records), concurrency, seq_base=10**9)
+        await drive(runner("async", 1, True), min(2000, records), concurrency, 10**9, per_record)
 
         variants = [
             (kind, calls, journaled)
@@ -163,7 +210,7 @@ async def main_async(records: int, concurrency: int, rounds: int) -> None:
         for r in range(rounds):
             for v in variants:
                 store.samples = []
-                rate = await drive(runners[v], records, concurrency, seq_base=r * 10**7)
+                rate = await drive(runners[v], records, concurrency, r * 10**7, per_record)
                 if rate > best.get(v, (0.0, []))[0]:
                     best[v] = (rate, store.samples)
         rows: list[list[object]] = []
@@ -188,7 +235,8 @@ async def main_async(records: int, concurrency: int, rounds: int) -> None:
 
     print(
         f"{records:,} records per row (best of {rounds} rounds), {concurrency} in flight, "
-        f"{PARTITIONS} partitions, sync actions on {POOL_THREADS} threads\n"
+        f"{PARTITIONS} partitions, {'one run per record' if per_record else 'batches as in the worker'}, "
+        f"code blocks on {POOL_THREADS} threads\n"
     )
     header = ["variant", "events/s", "ratio", "ack p50 ms", "ack p99 ms"]
     print(table(header, rows))
@@ -203,11 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--records", type=int, default=None, help="records per variant (20000)")
     p.add_argument("--concurrency", type=int, default=500)
+    p.add_argument("--per-record", action="store_true", help="ActionRunner.run per record")
     p.add_argument("--rounds", type=int, default=None, help="best of N rounds (3; 2 quick)")
     args = p.parse_args(argv)
     records = args.records or (5_000 if args.quick else 20_000)
     rounds = args.rounds or (2 if args.quick else 3)
-    asyncio.run(main_async(records, args.concurrency, rounds))
+    with record_processing():  # the worker's interpreter settings (runtime/tuning.py)
+        asyncio.run(main_async(records, args.concurrency, rounds, args.per_record))
     return 0
 
 

@@ -21,12 +21,10 @@ and a watermark's firings are part of its epoch), but never touches offsets.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -57,6 +55,7 @@ from .async_io import AsyncIOHost
 from .controller import Batched, ExecutionController
 from .offsets import OffsetTracker
 from .timers import TimerService
+from .tuning import freeze_startup, record_processing
 from .watermarks import WatermarkGenerator
 from .worker_commits import CommitProtocol
 from .worker_rebalance import Rebalancing
@@ -64,7 +63,6 @@ from .worker_rebalance import Rebalancing
 log = logging.getLogger("agents_stream.worker")
 
 TIMER_TICK = 0.05  # seconds between processing-time timer checks
-GC_THRESHOLD = 50_000  # allocations between young-generation collections (see run)
 
 
 class Worker(CommitProtocol, Rebalancing):
@@ -137,25 +135,9 @@ class Worker(CommitProtocol, Rebalancing):
         _check_replication(app)
 
     def run(self) -> int:
-        # Journal acks are resolved on the producer's thread; with CPython's default 5 ms
-        # switch interval a busy event loop holds the GIL so long that ack latency under
-        # load rose from ~3 ms to 20-36 ms (bench/bench_journal.py). 1 ms keeps it low.
-        previous = sys.getswitchinterval()
-        sys.setswitchinterval(min(previous, 0.001))
-        # Each record allocates a few dozen container objects that live for its ack
-        # round trips; with the default threshold (700) the collector ran every few
-        # records and its full passes over thousands of records in flight took a quarter
-        # of the time of a 1-call drain (3.6 s of ~12 s), holding the GIL meanwhile
-        # (journal acks waited behind it). Collect young objects every GC_THRESHOLD
-        # allocations instead; objects from startup are frozen out of full passes.
-        thresholds = gc.get_threshold()
-        gc.set_threshold(max(thresholds[0], GC_THRESHOLD), *thresholds[1:])
-        try:
+        # GIL switch interval and GC thresholds for record processing: tuning.py.
+        with record_processing():
             asyncio.run(self.run_async())
-        finally:
-            sys.setswitchinterval(previous)
-            gc.set_threshold(*thresholds)
-            gc.unfreeze()
         return self.exit_code
 
     def stop(self) -> None:
@@ -299,7 +281,7 @@ class Worker(CommitProtocol, Rebalancing):
             self._kafka.shutdown(wait=False)
             self._pool.shutdown(wait=False)
             return
-        gc.freeze()  # the app, clients and caches live as long as the worker
+        freeze_startup()  # the app, clients and caches live as long as the worker
         log.info(
             "worker %s of app %s on %s: inputs %s",
             self.worker_id,
