@@ -50,22 +50,13 @@ class Planned(Agent):
     @action(InputEvent)
     @staticmethod
     def first(event: InputEvent, ctx: RunnerContext) -> None:
-        plan = event.input
         n = 0
-        for i in range(plan["calls"]):
-            arg = -1 if plan["block_fails"] and i == plan["calls"] - 1 else n
+        for arg in call_args(event.input):
             try:
-                n = ctx.execute(lookup, arg)
+                n = ctx.execute(lookup, n if arg is None else arg)
             except Boom:
                 n = 100
-        if plan["memory"]:
-            ctx.short_term_memory.set("n", (ctx.short_term_memory.get("n") or 0) + n)
-        if plan["follow"]:
-            ctx.send_event(Followed(n=n))
-        if plan["raises"]:
-            raise Boom(f"action refused {event.key}")
-        for j in range(plan["outputs"]):
-            ctx.send_event(OutputEvent(output={"key": event.key, "n": n, "j": j}))
+        conclude(event, ctx, n)
 
     @action(Followed)
     @staticmethod
@@ -79,27 +70,36 @@ class PlannedAsync(Agent):
     @action(InputEvent)
     @staticmethod
     async def first(event: InputEvent, ctx: RunnerContext) -> None:
-        plan = event.input
         n = 0
-        for i in range(plan["calls"]):
-            arg = -1 if plan["block_fails"] and i == plan["calls"] - 1 else n
+        for arg in call_args(event.input):
             try:
-                n = await ctx.execute_async(lookup, arg)
+                n = await ctx.execute_async(lookup, n if arg is None else arg)
             except Boom:
                 n = 100
-        if plan["memory"]:
-            ctx.short_term_memory.set("n", (ctx.short_term_memory.get("n") or 0) + n)
-        if plan["follow"]:
-            ctx.send_event(Followed(n=n))
-        if plan["raises"]:
-            raise Boom(f"action refused {event.key}")
-        for j in range(plan["outputs"]):
-            ctx.send_event(OutputEvent(output={"key": event.key, "n": n, "j": j}))
+        conclude(event, ctx, n)
 
-    @action(Followed)
-    @staticmethod
-    def second(event: Followed, ctx: RunnerContext) -> None:
-        ctx.send_event(OutputEvent(output={"followed": event.n}))
+    second = action(Followed)(staticmethod(Planned.second))
+
+
+def call_args(plan: dict[str, Any]) -> list[int | None]:
+    """Arguments of the planned calls (None: the previous result); the last one fails in
+    its code block when the plan says so."""
+    args: list[int | None] = [None] * plan["calls"]
+    if plan["block_fails"] and args:
+        args[-1] = -1
+    return args
+
+
+def conclude(event: InputEvent, ctx: RunnerContext, n: int) -> None:
+    plan = event.input
+    if plan["memory"]:
+        ctx.short_term_memory.set("n", (ctx.short_term_memory.get("n") or 0) + n)
+    if plan["follow"]:
+        ctx.send_event(Followed(n=n))
+    if plan["raises"]:
+        raise Boom(f"action refused {event.key}")
+    for j in range(plan["outputs"]):
+        ctx.send_event(OutputEvent(output={"key": event.key, "n": n, "j": j}))
 
 
 class Sink:
