@@ -158,10 +158,11 @@ class RecordBatch:
         if type(step) is Finished:
             self._live.pop(run.index, None)
             release(run.child)  # type: ignore[arg-type]
-            if step.error is not None:
-                if not isinstance(step.error, Exception):
-                    raise step.error  # e.g. KeyboardInterrupt: not the record's failure
-                self._report(run.index, step.error)
+            _, error = step.take()
+            if error is not None:
+                if not isinstance(error, Exception):
+                    raise error  # e.g. KeyboardInterrupt: not the record's failure
+                self._report(run.index, error)
             else:
                 self._returned(run)
             return

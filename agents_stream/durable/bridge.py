@@ -42,16 +42,27 @@ class Finished:
         self.value = value
         self.error = error
 
+    def take(self) -> tuple[Any, BaseException | None]:
+        """The outcome, once: the idle carrier's frame still holds this object, which
+        must not keep the action's result or traceback (and its context) alive."""
+        value, error = self.value, self.error
+        self.value = self.error = None
+        return value, error
+
     def unwrap(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value
+        value, error = self.take()
+        if error is not None:
+            raise error
+        return value
 
 
-def _carry(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+def _carry() -> None:
     """Body of a carrier: runs one action after another. Starting a greenlet costs about
     ten times switching into a live one, and every sync action needs one."""
     me = getcurrent()
+    # Work arrives by switches, never as arguments of the first one: the greenlet would
+    # hold those for as long as this body runs (the first action's event and ctx).
+    fn, args = me.driver.switch(None)
     while True:
         try:
             out = Finished(fn(*args), None)
@@ -59,11 +70,15 @@ def _carry(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
             raise  # abandoned while waiting: this carrier ends here
         except BaseException as exc:
             out = Finished(None, exc)
+        fn = args = None  # an idle carrier must not keep the last action's event and ctx
         fn, args = me.driver.switch(out)
 
 
 _idle = threading.local()
-MAX_IDLE = 256  # carriers kept per thread for reuse
+# Carriers kept per thread for reuse. As many run at once as actions wait at once (up
+# to the in-flight limit); the ones beyond this are ended when released, not left
+# suspended (a suspended greenlet is never collected).
+MAX_IDLE = 1024
 
 
 def start(
@@ -81,6 +96,7 @@ def start(
         carrier.driver = driver
     else:
         carrier = _Bridged(_carry, driver)
+        carrier.switch()  # to its first wait for work
     carrier.gr_context = context
     return carrier, carrier.switch(fn, args)
 
@@ -90,9 +106,13 @@ def release(carrier: _Bridged) -> None:
     pool: list[_Bridged] | None = getattr(_idle, "pool", None)
     if pool is None:
         pool = _idle.pool = []
-    if len(pool) < MAX_IDLE and not carrier.dead:
-        carrier.gr_context = None
+    if carrier.dead:
+        return
+    carrier.gr_context = None
+    if len(pool) < MAX_IDLE:
         pool.append(carrier)
+    else:
+        carrier.throw(GreenletExit())  # ends its loop; control comes straight back
 
 
 async def run_bridged(fn: Callable[..., T], *args: Any) -> T:

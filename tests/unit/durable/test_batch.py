@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -19,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents_stream import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
+from agents_stream.durable import bridge
 from agents_stream.durable.ackfuture import resolved
 from agents_stream.durable.context import ContextConfig
 from agents_stream.durable.journal import ActionDone, CallEntry
@@ -262,3 +265,35 @@ def test_a_cancelled_batch_unwinds_its_waiting_actions_and_reports_nothing() -> 
 
     asyncio.run(main())
     assert sorted(Waits.unwound) == ["k0", "k1", "k2"]
+
+
+class Remembers(Agent):
+    contexts: list[Any] = []
+
+    @action(InputEvent)
+    @staticmethod
+    def first(event: InputEvent, ctx: RunnerContext) -> None:
+        Remembers.contexts.append(weakref.ref(ctx))
+        ctx.execute(lookup, 1)  # waits: many carriers are suspended at once
+        if event.input % 7 == 0:
+            raise Boom("an error's traceback must not keep its context either")
+
+
+def test_finished_actions_leave_nothing_behind_in_idle_carriers() -> None:
+    """Carriers are reused; an idle one must not keep its last action's event, context
+    or error alive (a worker's memory grew with every record before)."""
+    bridge.MAX_IDLE, saved = 3, bridge.MAX_IDLE  # most carriers are ended on release
+
+    async def main() -> None:
+        config = ContextConfig("app", "w", JSON, executor=POOL)
+        runner = ActionRunner(Remembers, InMemoryActionStateStore(), config, Sink(), topic="in")
+        records = [RecordInput(f"k{i}", i, i) for i in range(40)]
+        await runner.run_batch(records, lambda i, r: None)
+
+    try:
+        asyncio.run(main())
+    finally:
+        bridge.MAX_IDLE = saved
+    gc.collect()
+    assert len(Remembers.contexts) == 40
+    assert [ref for ref in Remembers.contexts if ref() is not None] == []
