@@ -60,7 +60,7 @@ def write(bootstrap: str, codec: JournalCodec, records: int, partitions: int) ->
     action = 0
     while written < records:
         p = action % partitions
-        ref = ActionRef(f"user-{action % 10_000}", action, "Scoring.process#0", p)
+        ref = ActionRef(f"user-{action % 10_000}", action, "Scoring.process#0", p, "scoring-in")
         entries = [
             CallEntry(
                 ref,
@@ -95,15 +95,16 @@ def write(bootstrap: str, codec: JournalCodec, records: int, partitions: int) ->
     return counts
 
 
-def consume(bootstrap: str, partition: int, end: int, decode: JournalCodec | None) -> int:
-    """Read ``partition`` up to ``end`` records with the rebuild's reader config, minus
-    RocksDB; returns records read.
+def consume(bootstrap: str, counts: list[int], decode: JournalCodec | None) -> int:
+    """Read every partition to its end (``counts``) with one consumer and the rebuild's
+    reader config, as ``assign`` does, minus RocksDB; returns records read.
 
-    It knows where the partition ends, so it never asks for more records than remain: a
+    It knows where the partitions end, so it never asks for more records than remain: a
     ``consume(n)`` call blocks until it has ``n`` records or times out.
     """
     consumer = Consumer(reader_config(bootstrap))
-    consumer.assign([TopicPartition(TOPIC, partition, 0)])
+    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(len(counts))])
+    end = sum(counts)
     n = 0
     try:
         while n < end:
@@ -129,7 +130,7 @@ def rebuild(bootstrap: str, codec: JournalCodec, partitions: int, data_dir: Path
         topic=TOPIC, producer=producer, codec=codec, data_dir=data_dir, bootstrap=bootstrap
     )
     try:
-        return sum(store.assign(p) for p in range(partitions))
+        return store.assign(*range(partitions))  # as a worker does: one consumer for all
     finally:
         store.close()
 
@@ -162,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
             f"wrote {args.records:,} ActionState records ({counts} per partition) "
             f"in {time.perf_counter() - t0:.1f} s"
         )
-        parts = range(args.partitions)
         dirs: list[Path] = []
 
         def assign_fresh() -> int:
@@ -172,15 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         results = [
             (
                 "consume",
-                *best_of(
-                    repeat, lambda: sum(consume(bootstrap, q, counts[q], None) for q in parts)
-                ),
+                *best_of(repeat, lambda: consume(bootstrap, counts, None)),
             ),
             (
                 "consume + decode",
-                *best_of(
-                    repeat, lambda: sum(consume(bootstrap, q, counts[q], codec) for q in parts)
-                ),
+                *best_of(repeat, lambda: consume(bootstrap, counts, codec)),
             ),
             ("assign (decode + RocksDB)", *best_of(repeat, assign_fresh)),
         ]
