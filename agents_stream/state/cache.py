@@ -174,6 +174,25 @@ class PartitionCache:
         del it
         return out
 
+    def keys_under(self, prefixes: list[bytes]) -> list[bytes]:
+        """Keys starting with any of ``prefixes`` (no values), with one iterator: a
+        commit prunes three prefixes per record, and opening an iterator costs more than
+        seeking one (values of ActionDones, with their outputs, are never copied out)."""
+        out: list[bytes] = []
+        it = self.db.iter()
+        try:
+            for prefix in sorted(prefixes):  # seeks move forward through the table
+                it.seek(prefix)
+                while it.valid():
+                    key = it.key()
+                    if not key.startswith(prefix):
+                        break
+                    out.append(key)
+                    it.next()
+        finally:
+            del it
+        return out
+
     def close(self) -> None:
         self.db.close()
 

@@ -210,17 +210,21 @@ class KafkaActionStateStore(ActionStateStore):
         cache = self._caches.get(partition)
         if cache is None:
             return
-        legacy = not topic or topic in self.legacy_topics
+        # A partition that never held a pre-v5 entry has none to prune.
+        legacy = (not topic or topic in self.legacy_topics) and cache.has_legacy
         doomed: list[bytes] = []
-        for seq, key in records:
-            if topic:
-                for prefix in keys.record_prefixes(key, seq, topic):
-                    doomed.extend(k for k, _ in cache.scan(prefix))
-            if legacy:
-                for prefix in keys.record_prefixes(key, seq):
-                    doomed.extend(
-                        k for k, _ in cache.scan(prefix) if keys.is_legacy(keys.decode_identity(k))
-                    )
+        if topic:
+            doomed += cache.keys_under(
+                [p for seq, key in records for p in keys.record_prefixes(key, seq, topic)]
+            )
+        if legacy:
+            doomed += [
+                k
+                for k in cache.keys_under(
+                    [p for seq, key in records for p in keys.record_prefixes(key, seq)]
+                )
+                if keys.is_legacy(keys.decode_identity(k))
+            ]
         # Nobody waits for these: a lost tombstone only leaves an entry behind, so the
         # whole commit's tombstones of a partition go as one untracked group.
         self._producer.send_untracked(self.topic, [(k, None) for k in doomed], partition)

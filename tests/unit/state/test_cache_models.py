@@ -1,11 +1,13 @@
-"""The cache tells legacy (topic-less) record keys apart with one regular expression;
-the reference is the field split it replaced."""
+"""Cache helpers checked against simple reference models: legacy (topic-less) record
+keys told apart by one regular expression (the reference is the field split it
+replaced), and many prefixes scanned with one iterator."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents_stream.state.cache import _RECORD_KINDS, PartitionCache, _is_legacy
@@ -38,3 +40,20 @@ def test_replayed_batches_are_settled_before_a_logged_write(tmp_path: Path) -> N
     reopened = PartitionCache(tmp_path / "p0")
     assert reopened.checkpoint == 2 and len(list(reopened.db.keys())) == 4
     reopened.close()
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.binary(min_size=1, max_size=5), max_size=30),
+    st.lists(st.binary(max_size=3), max_size=8),
+)
+def test_keys_under_many_prefixes_is_one_scan_per_prefix(
+    tmp_path_factory: pytest.TempPathFactory, stored: list[bytes], prefixes: list[bytes]
+) -> None:
+    cache = PartitionCache(tmp_path_factory.mktemp("keys"))
+    cache.apply([(k, b"v") for k in stored], 1)
+    try:
+        expected = [k for p in sorted(prefixes) for k, _ in cache.scan(p)]
+        assert cache.keys_under(prefixes) == expected
+    finally:
+        cache.close()
