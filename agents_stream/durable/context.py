@@ -37,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from ..events import Event, OutputEvent
@@ -157,6 +158,15 @@ async def _in_code_block(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
+def _refuse_in_code_block(action: str, what: str) -> None:
+    if _IN_CODE_BLOCK.get():
+        raise CodeBlockViolation(
+            f"{what} called inside a code block of {action}: memory, timers and events are "
+            "journaled with the action, not the call; return a value from the code block "
+            "and use it in the action body"
+        )
+
+
 class RunnerContext:
     """Passed to every action as ``ctx``.
 
@@ -180,7 +190,9 @@ class RunnerContext:
         self._slots: dict[int, CallEntry] | None = None  # read on the first call
         self._resolved: set[int] = set()  # slots this run replayed or (re)wrote
         self._next_index = 0
-        guard = self._guard  # one bound method for both
+        # Not the bound method: memory and timers holding it would make every context a
+        # reference cycle, left (with its closures, ~18 objects a record) to the collector.
+        guard = partial(_refuse_in_code_block, ref.action)
         self.short_term_memory = ShortTermMemory(memory_base, guard)
         self.timers = Timers(guard, firing)
         self.sent_events: list[Event] = []
@@ -213,12 +225,7 @@ class RunnerContext:
             self.sent_events.append(event)
 
     def _guard(self, what: str) -> None:
-        if _IN_CODE_BLOCK.get():
-            raise CodeBlockViolation(
-                f"{what} called inside a code block of {self.ref.action}: memory, timers and "
-                "events are journaled with the action, not the call; return a value from the "
-                "code block and use it in the action body"
-            )
+        _refuse_in_code_block(self.ref.action, what)
 
     # -- durable calls --------------------------------------------------------------
     # Typed overloads: the result is ``fn``'s return type. Arguments are checked against

@@ -309,7 +309,7 @@ class ActionRunner:
         if keyless:  # no memory and no timers: both are per key
             topic = ref.topic or self.topic
             error = lambda: KeylessRecordError(topic, ref.partition, ref.seq)  # noqa: E731
-            ctx.short_term_memory = KeylessMemory(error, ctx._guard)
+            ctx.short_term_memory = KeylessMemory(error, ctx.timers._guard)
             ctx.timers = Timers(_raiser(error), firing)
         return ctx, snapshot, base
 

@@ -297,3 +297,36 @@ def test_finished_actions_leave_nothing_behind_in_idle_carriers() -> None:
     gc.collect()
     assert len(Remembers.contexts) == 40
     assert [ref for ref in Remembers.contexts if ref() is not None] == []
+
+
+class Plain(Agent):
+    contexts: list[weakref.ref[RunnerContext]] = []
+
+    @action(InputEvent)
+    @staticmethod
+    def first(event: InputEvent, ctx: RunnerContext) -> None:
+        Plain.contexts.append(weakref.ref(ctx))
+        if event.input % 2:
+            ctx.execute(lookup, 1)
+        ctx.send_event(OutputEvent(output={"n": event.input}))
+
+
+def test_a_finished_record_is_freed_by_reference_counting() -> None:
+    """No reference cycle per record: a context (with its memory, timers and closures)
+    is freed when its record finishes, not left for the cyclic collector (which, with
+    ~18 such objects a record, took 15 % of a worker's time)."""
+
+    async def main() -> None:
+        config = ContextConfig("app", "w", JSON, executor=POOL)
+        runner = ActionRunner(Plain, InMemoryActionStateStore(), config, Sink(), topic="in")
+        records = [RecordInput(f"k{i}", i, i) for i in range(40)]
+        await runner.run_batch(records, lambda i, r: None)
+        assert [ref for ref in Plain.contexts if ref() is not None] == []
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        gc.enable()
+    assert len(Plain.contexts) == 40
