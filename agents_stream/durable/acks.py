@@ -63,10 +63,18 @@ def _settle(waiter: asyncio.Future[object], fut: Future[object]) -> None:
 _wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waker] = weakref.WeakKeyDictionary()
 
 
+_last: _Waker | None = None  # the last loop's waker: one loop per process, nearly always
+
+
 def acked(fut: Future[T]) -> asyncio.Future[T]:
     """An awaitable for ``fut`` on the running loop (resolved in per-burst batches)."""
+    global _last
     loop = asyncio.get_running_loop()
-    waker = _wakers.get(loop)
-    if waker is None:
-        waker = _wakers[loop] = _Waker(loop)
+    waker = _last
+    if waker is None or waker._loop is not loop:
+        # A weak-keyed lookup builds a weak reference per call: only on a loop change.
+        waker = _wakers.get(loop)
+        if waker is None:
+            waker = _wakers[loop] = _Waker(loop)
+        _last = waker
     return waker.wrap(fut)

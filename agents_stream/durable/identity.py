@@ -42,7 +42,8 @@ def args_digest(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
     # Encoded apart so a refusal names args[i] / kwargs['k']; JSON text never holds a
     # raw NUL, so the separator keeps the pair unambiguous.
     encoded = canonical_bytes(tuple(args), where="args")
-    encoded += b"\x00" + canonical_bytes(dict(kwargs), where="kwargs")
+    # No keywords (most calls) always encode as ``{}``.
+    encoded += b"\x00" + (canonical_bytes(dict(kwargs), where="kwargs") if kwargs else b"{}")
     return hashlib.sha256(encoded).hexdigest()
 
 
