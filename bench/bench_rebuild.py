@@ -3,7 +3,8 @@
 Writes ``--records`` ActionState records (per action: three CallResults and one
 ActionDone, encoded by the journal codec, keyed by ``entry_key_bytes``, lz4 as the worker
 writes them) over ``--partitions`` partitions of a fresh embedded broker, then reads them
-back, partition after partition, three ways (best of ``--repeat``):
+back with one consumer for all partitions, as a worker's assignment does, three ways (best
+of ``--repeat``):
 
 - ``consume``: a confluent-kafka consumer with the rebuild's reader config and batch
   size, touching key and value of every record and stopping at the known end: the
@@ -16,6 +17,11 @@ back, partition after partition, three ways (best of ``--repeat``):
 ``ratio`` is records/s against ``consume``. The last line is ``assign`` again on the
 caught-up cache (only the checkpoint is read and the topic end confirmed): a fixed cost
 per partition that every rebalance pays, included in the ``assign`` row too.
+
+The last line is the store's call-slot lookup (one per action run's first call) of new
+records after 20k records were pruned (their slots tombstoned): answered by the cache's
+index of live slots, against the plain RocksDB prefix scan, whose seek walks the
+tombstones past the prefix until compaction drops them.
 
 Run: ``.venv/bin/python bench/bench_rebuild.py [--records 200000] [--partitions 2]``
 """
@@ -30,10 +36,12 @@ from pathlib import Path
 from common import create_topic, parser, table
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from agents_stream.durable import keys
 from agents_stream.durable.journal import ActionDone, ActionRef, CallEntry, CallStatus
 from agents_stream.kafka.config import producer_config, reader_config
 from agents_stream.kafka.producer import AckingProducer
 from agents_stream.serde.journal import JournalCodec, default_journal_codec
+from agents_stream.state.cache import PartitionCache
 from agents_stream.state.kafka import KafkaActionStateStore
 from agents_stream.state.keys import entry_key_bytes
 from agents_stream.state.recovery import BATCH
@@ -127,7 +135,14 @@ def rebuild(bootstrap: str, codec: JournalCodec, partitions: int, data_dir: Path
     """``assign`` every partition into ``data_dir``; returns records replayed."""
     producer = AckingProducer(producer_config(bootstrap))  # lazy: never connects here
     store = KafkaActionStateStore(
-        topic=TOPIC, producer=producer, codec=codec, data_dir=data_dir, bootstrap=bootstrap
+        topic=TOPIC,
+        producer=producer,
+        codec=codec,
+        data_dir=data_dir,
+        bootstrap=bootstrap,
+        # 200k live records: a journal that is not pruned, where the worker keeps no
+        # live-slot index (App(prune_completed=False)); a pruned one is small.
+        index_slots=False,
     )
     try:
         return store.assign(*range(partitions))  # as a worker does: one consumer for all
@@ -196,8 +211,45 @@ def main(argv: list[str] | None = None) -> int:
         f"\nassign on a caught-up cache: {warm_replayed} records replayed in "
         f"{warm_seconds * 1000:.0f} ms for {args.partitions} partitions"
     )
+    with tempfile.TemporaryDirectory() as tmp:
+        pruned = 20_000
+        indexed, scanned = slot_lookups(Path(tmp), pruned)
+    print(
+        f"call-slot lookup of a new record after {pruned:,} pruned records: "
+        f"{indexed:.1f} us with the live-slot index; {scanned:.1f} us as a RocksDB scan "
+        f"(baseline, {scanned / indexed:.0f}x)"
+    )
     print(f"total {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def slot_lookups(data_dir: Path, pruned: int) -> tuple[float, float]:
+    """us per call-slot lookup of action runs with no slot yet (a new record's first
+    call), after ``pruned`` records' slots were written and tombstoned (pruning): as the
+    store does it (live-slot index, then a scan only if it may find something) and as a
+    plain prefix scan, whose seek walks the tombstones after the prefix."""
+    cache = PartitionCache(data_dir / "slots")
+
+    def ref(seq: int) -> ActionRef:
+        return ActionRef(f"user-{seq % 1000}", seq, "Scoring.process#0", 0, "scoring-in")
+
+    slots = [keys.call_key(ref(seq), 0) for seq in range(pruned)]
+    for at in range(0, pruned, BATCH):
+        cache.apply([(k, RESULT) for k in slots[at : at + BATCH]], at + BATCH)
+        cache.apply([(k, None) for k in slots[at : at + BATCH]], at + BATCH)
+    prefixes = [keys.calls_prefix(ref(seq)) for seq in range(pruned, pruned + 2000)]
+
+    def indexed(prefix: bytes) -> list[tuple[bytes, bytes]]:
+        return cache.scan(prefix) if cache.may_hold_calls(prefix) else []
+
+    timings = []
+    for lookup, n in ((indexed, len(prefixes)), (cache.scan, 200)):
+        t0 = time.perf_counter()
+        for prefix in prefixes[:n]:
+            assert not lookup(prefix)
+        timings.append((time.perf_counter() - t0) / n * 1e6)
+    cache.close()
+    return timings[0], timings[1]
 
 
 if __name__ == "__main__":

@@ -116,6 +116,8 @@ class DurableHost:
                 data_dir=self.data_dir / "action-state",
                 bootstrap=bootstrap,
                 cancel=cancel,
+                # Only pruning leaves the tombstones the live-slot index is for.
+                index_slots=app.prune_completed,
             )
         assert store is not None
         # Entries journaled before v5 carry no input topic; they belong to the app's first

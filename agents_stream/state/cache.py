@@ -31,6 +31,8 @@ CHECKPOINT_KEY = b"\x00checkpoint"
 LEGACY_KEY = b"\x00legacy"
 _RECORD_KINDS = frozenset(b"cat")  # first byte of call, done and truncation keys
 _SEP = b"\x1f"
+_CALL_PREFIX = b"c" + _SEP
+SLOT_INDEX_LIMIT = 20_000  # action runs with live call slots indexed per partition
 # A legacy key's fourth field is its action id (``kind key seq action ...``), which always
 # holds a ``#``; a v5 key's is the input topic, which never does. One C-level match per
 # applied key instead of a split (a rebuild applies every record of the topic).
@@ -83,7 +85,7 @@ def _options() -> Options:
 class PartitionCache:
     """RocksDB view of one ActionState partition."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, index_slots: bool = True) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.db = Rdict(str(path), options=_options())
@@ -93,6 +95,88 @@ class PartitionCache:
             self.db[LEGACY_KEY] = flag
         self.has_legacy = flag == b"1"
         self._unsettled = False  # replayed batches not flushed yet
+        self._index_slots = index_slots
+        self._slots = self._load_slots() if index_slots else None
+
+    # -- live call slots ------------------------------------------------------------------
+    # An action run's first call reads its journaled slots with a prefix scan. For a new
+    # record there are none, and the seek walks every deleted key after the prefix up to
+    # the next live one: pruning tombstones a finished record's slots, compaction drops
+    # the tombstones only much later, so a worker that had pruned 20k records spent ~4 ms
+    # per record on that seek (iterator bounds do not help: rocksdict's are not raw keys).
+    # The live slot keys, by action run, answer "none" from memory instead. Kept exact:
+    # a put is noted before RocksDB has it, a delete after (a stale "maybe" only costs the
+    # scan). Only worth it where records are pruned (``index_slots``); past
+    # SLOT_INDEX_LIMIT runs the index is dropped and every lookup scans.
+
+    def _load_slots(self) -> dict[bytes, set[bytes]] | None:
+        slots: dict[bytes, set[bytes]] = {}
+        it = self.db.iter()
+        try:
+            it.seek(_CALL_PREFIX)
+            while it.valid():
+                key = it.key()
+                if not key.startswith(_CALL_PREFIX):
+                    break
+                if not self._add_slot(slots, key):
+                    return None
+                it.next()
+        finally:
+            del it
+        return slots
+
+    @staticmethod
+    def _add_slot(slots: dict[bytes, set[bytes]], key: bytes) -> bool:
+        """Index ``key``; False when that would pass the limit."""
+        run = key[: key.rfind(_SEP) + 1]
+        found = slots.get(run)
+        if found is None:
+            if len(slots) >= SLOT_INDEX_LIMIT:
+                return False
+            slots[run] = found = set()
+        found.add(key)
+        return True
+
+    def may_hold_calls(self, prefix: bytes) -> bool:
+        """False when no call slot lives under ``prefix`` (``keys.calls_prefix``)."""
+        slots = self._slots
+        return slots is None or prefix in slots
+
+    def _slot_writes(self, records: Sequence[tuple[bytes, bytes | None]]) -> dict[bytes, bool]:
+        """Call slots ``records`` write: key -> whether it lives afterwards (the last
+        write of a key in the batch wins, as in RocksDB)."""
+        if self._slots is None:
+            return {}
+        return {k: v is not None for k, v in records if k[:2] == _CALL_PREFIX}
+
+    def _note_puts(self, writes: dict[bytes, bool]) -> None:
+        slots = self._slots
+        if slots is None:
+            return
+        for key, lives in writes.items():
+            if lives and not self._add_slot(slots, key):
+                self._slots = None
+                return
+
+    def _note_deletes(self, writes: dict[bytes, bool]) -> None:
+        slots = self._slots
+        if slots is None:
+            return
+        for key, lives in writes.items():
+            if not lives:
+                run = key[: key.rfind(_SEP) + 1]
+                found = slots.get(run)
+                if found is not None:
+                    found.discard(key)
+                    if not found:
+                        del slots[run]
+
+    def clear(self) -> None:
+        """Delete every entry (the topic was recreated: rebuilt from scratch)."""
+        for key in list(self.db.keys()):
+            self.db.delete(key)
+        if self._slots is not None:
+            self._slots = {}
 
     @property
     def checkpoint(self) -> int:
@@ -114,6 +198,8 @@ class PartitionCache:
         rebuild replays them. :meth:`settle` must persist the replayed batches before the
         next logged write: a log replayed over a lost memtable would keep that write
         (and its later checkpoint) without the records before it."""
+        slot_writes = self._slot_writes(records)
+        self._note_puts(slot_writes)
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         for key, value in records:
@@ -137,12 +223,17 @@ class PartitionCache:
                 self.settle()
             self.db.write(batch)
         self.has_legacy = legacy
+        self._note_deletes(slot_writes)
 
     def settle(self) -> None:
-        """Persist what :meth:`apply` wrote with ``replay`` (flush the memtable)."""
+        """Persist what :meth:`apply` wrote with ``replay`` (flush the memtable); index
+        the live call slots again if a replay passed the limit on its way (its records
+        were pruned later in the topic: what lives at the end is what counts)."""
         if self._unsettled:
             self.db.flush(wait=True)
             self._unsettled = False
+        if self._index_slots and self._slots is None:
+            self._slots = self._load_slots()
 
     def _scan_legacy(self) -> bool:
         it = self.db.iter()

@@ -46,15 +46,19 @@ class KafkaActionStateStore(ActionStateStore):
         data_dir: Path,
         bootstrap: str,
         cancel: threading.Event | None = None,
+        index_slots: bool = True,
     ) -> None:
         """``cancel``: the host's stop signal; a cache rebuild in :meth:`assign` ends
-        early once it is set (raising RebuildCancelled), so a stop is not held up by it."""
+        early once it is set (raising RebuildCancelled), so a stop is not held up by it.
+        ``index_slots``: keep each partition's live call slots in memory (see
+        :class:`PartitionCache`); worth it where records are pruned."""
         self.topic = topic
         self._cancel = cancel
         self._producer = producer
         self._codec = codec
         self._dir = data_dir
         self._bootstrap = bootstrap
+        self._index_slots = index_slots
         self._caches: dict[int, PartitionCache] = {}
         self._lock = threading.Lock()
         producer.on_acked(topic, self._on_acked)
@@ -73,7 +77,7 @@ class KafkaActionStateStore(ActionStateStore):
         caches: dict[int, PartitionCache] = {}
         try:
             for p in wanted:
-                caches[p] = PartitionCache(self._dir / f"p{p}")
+                caches[p] = PartitionCache(self._dir / f"p{p}", index_slots=self._index_slots)
             replayed = rebuild_partitions(
                 self._bootstrap, self.topic, caches, self._codec, cancel=self._cancel
             )
@@ -112,7 +116,10 @@ class KafkaActionStateStore(ActionStateStore):
         return self._codec.decode(key, value)
 
     def calls(self, ref: ActionRef) -> dict[int, CallEntry]:
-        rows = self._cache(ref.partition).scan(keys.calls_prefix(ref))
+        cache, prefix = self._cache(ref.partition), keys.calls_prefix(ref)
+        if not cache.may_hold_calls(prefix):  # a new action run: no RocksDB seek
+            return {}
+        rows = cache.scan(prefix)
         out: dict[int, CallEntry] = {}
         for key, value in rows:
             entry = self._decode(key, value)

@@ -289,6 +289,5 @@ def _restart_from_scratch(
         partition,
         cache.checkpoint,
     )
-    for key in list(cache.db.keys()):
-        cache.db.delete(key)
+    cache.clear()
     return rebuild_partition(bootstrap, topic, partition, cache, codec, cancel=cancel)

@@ -1,6 +1,6 @@
 """Cache helpers checked against simple reference models: legacy (topic-less) record
 keys told apart by one regular expression (the reference is the field split it
-replaced), and many prefixes scanned with one iterator."""
+replaced), many prefixes scanned with one iterator, and the index of live call slots."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agents_stream.state import cache as cache_module
 from agents_stream.state.cache import _RECORD_KINDS, PartitionCache, _is_legacy
 
 
@@ -57,3 +58,50 @@ def test_keys_under_many_prefixes_is_one_scan_per_prefix(
         assert cache.keys_under(prefixes) == expected
     finally:
         cache.close()
+
+
+RUNS = [b"c\x1fk%d\x1f%d\x1forders\x1fA.p#0\x1f" % (k, s) for k in range(3) for s in (1, 12)]
+slot_ops = st.lists(
+    st.lists(
+        st.tuples(
+            st.sampled_from(RUNS),
+            st.sampled_from([b"0", b"1", b"10"]),
+            st.booleans(),  # put (True) or delete
+        ),
+        max_size=8,
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(slot_ops, st.integers(min_value=1, max_value=8))
+def test_the_live_slot_index_agrees_with_rocksdb(
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[list[tuple[bytes, bytes, bool]]],
+    limit: int,
+) -> None:
+    """Reference: the prefix scan. The index must never say "no slot" where RocksDB has
+    one (the run's calls would re-execute); below its limit it is exact; past it, it is
+    dropped and every lookup scans. Batches may write a key twice (the last wins)."""
+    path = tmp_path_factory.mktemp("slots")
+    cache = PartitionCache(path)
+    saved, cache_module.SLOT_INDEX_LIMIT = cache_module.SLOT_INDEX_LIMIT, limit
+    try:
+        for offset, batch in enumerate(batches, 1):
+            cache.apply([(run + i, b"v" if put else None) for run, i, put in batch], offset)
+            for run in RUNS:
+                live = bool(cache.scan(run))
+                if cache._slots is not None:
+                    assert cache.may_hold_calls(run) == live
+                else:
+                    assert cache.may_hold_calls(run)
+        cache.close()
+        reopened = PartitionCache(path)
+        for run in RUNS:
+            live = bool(reopened.scan(run))
+            assert reopened.may_hold_calls(run) == live or reopened._slots is None
+            assert reopened.may_hold_calls(run) or not live
+        reopened.close()
+    finally:
+        cache_module.SLOT_INDEX_LIMIT = saved
