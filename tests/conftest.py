@@ -51,7 +51,9 @@ def worker_factory(broker, tmp_path):
     """Starts worker CLI subprocesses on the test broker; all are killed at teardown."""
     started: list[WorkerProcess] = []
 
-    def make(app: str, env: dict[str, str], *, extra_args: list[str] | None = None) -> WorkerProcess:
+    def make(
+        app: str, env: dict[str, str], *, extra_args: list[str] | None = None
+    ) -> WorkerProcess:
         n = next(_names)
         proc = WorkerProcess(
             app,

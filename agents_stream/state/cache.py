@@ -31,8 +31,8 @@ CHECKPOINT_KEY = b"\x00checkpoint"
 LEGACY_KEY = b"\x00legacy"
 _RECORD_KINDS = frozenset(b"cat")  # first byte of call, done and truncation keys
 _SEP = b"\x1f"
-_CALL_PREFIX = b"c" + _SEP
-SLOT_INDEX_LIMIT = 20_000  # action runs with live call slots indexed per partition
+_RECORD_HEADS = (b"c" + _SEP, b"a" + _SEP, b"t" + _SEP)  # call, done, truncation keys
+SLOT_INDEX_LIMIT = 20_000  # input records with live entries indexed per partition
 # A legacy key's fourth field is its action id (``kind key seq action ...``), which always
 # holds a ``#``; a v5 key's is the input topic, which never does. One C-level match per
 # applied key instead of a split (a rebuild applies every record of the topic).
@@ -96,80 +96,86 @@ class PartitionCache:
         self.has_legacy = flag == b"1"
         self._unsettled = False  # replayed batches not flushed yet
         self._index_slots = index_slots
-        self._slots = self._load_slots() if index_slots else None
+        self._slots = self._load_index() if index_slots else None
 
-    # -- live call slots ------------------------------------------------------------------
-    # An action run's first call reads its journaled slots with a prefix scan. For a new
-    # record there are none, and the seek walks every deleted key after the prefix up to
-    # the next live one: pruning tombstones a finished record's slots, compaction drops
-    # the tombstones only much later, so a worker that had pruned 20k records spent ~4 ms
-    # per record on that seek (iterator bounds do not help: rocksdict's are not raw keys).
-    # The live slot keys, by action run, answer "none" from memory instead. Kept exact:
-    # a put is noted before RocksDB has it, a delete after (a stale "maybe" only costs the
-    # scan). Only worth it where records are pruned (``index_slots``); past
-    # SLOT_INDEX_LIMIT runs the index is dropped and every lookup scans.
+    # -- live per-record entries ----------------------------------------------------------
+    # Every action run asks the cache whether it already ran (its ActionDone) and what it
+    # journaled (its call slots), and every commit prunes the finished records' entries.
+    # For a new record the answer is "nothing", and RocksDB finds that out the slow way:
+    # a point read visits every table that may hold the key, and a seek walks each deleted
+    # key after the prefix up to the next live one. Pruning tombstones every finished
+    # record, and compaction drops the tombstones much later, so a worker that had pruned
+    # 20k records spent ~4 ms per record on that seek (iterator bounds do not help:
+    # rocksdict's are not raw keys). The live call, done and truncation keys, grouped by
+    # input record (``key SEP seq SEP``), answer from memory instead. Kept exact: a put is
+    # noted before RocksDB has it, a delete after (a stale "maybe" only costs the read).
+    # Only worth it where records are pruned (``index_slots``); past SLOT_INDEX_LIMIT
+    # records the index is dropped and every lookup reads RocksDB. A replay (rebuild)
+    # drops it too and :meth:`settle` loads it once from what lives at the end.
 
-    def _load_slots(self) -> dict[bytes, set[bytes]] | None:
-        slots: dict[bytes, set[bytes]] = {}
+    def _load_index(self) -> dict[bytes, set[bytes]] | None:
+        live: dict[bytes, set[bytes]] = {}
         it = self.db.iter()
         try:
-            it.seek(_CALL_PREFIX)
-            while it.valid():
-                key = it.key()
-                if not key.startswith(_CALL_PREFIX):
-                    break
-                if not self._add_slot(slots, key):
-                    return None
-                it.next()
+            for head in _RECORD_HEADS:
+                it.seek(head)
+                while it.valid():
+                    key = it.key()
+                    if not key.startswith(head):
+                        break
+                    if not _index_key(live, key):
+                        return None
+                    it.next()
         finally:
             del it
-        return slots
+        return live
 
-    @staticmethod
-    def _add_slot(slots: dict[bytes, set[bytes]], key: bytes) -> bool:
-        """Index ``key``; False when that would pass the limit."""
-        run = key[: key.rfind(_SEP) + 1]
-        found = slots.get(run)
-        if found is None:
-            if len(slots) >= SLOT_INDEX_LIMIT:
-                return False
-            slots[run] = found = set()
-        found.add(key)
-        return True
+    def may_hold(self, prefix: bytes) -> bool:
+        """False when no live entry starts with ``prefix``, a per-record key or prefix
+        (``keys.done_key``, ``keys.calls_prefix``, ``keys.record_prefixes``); True when
+        one may (or ``prefix`` names no record, or there is no index)."""
+        live = self._slots
+        if live is None:
+            return True
+        record = _record_of(prefix)
+        if record is None:
+            return True
+        found = live.get(record)
+        if not found:
+            return False
+        if prefix in found:
+            return True
+        # A snapshot: the producer's thread may change the set meanwhile.
+        return any(k.startswith(prefix) for k in tuple(found))
 
-    def may_hold_calls(self, prefix: bytes) -> bool:
-        """False when no call slot lives under ``prefix`` (``keys.calls_prefix``)."""
-        slots = self._slots
-        return slots is None or prefix in slots
-
-    def _slot_writes(self, records: Sequence[tuple[bytes, bytes | None]]) -> dict[bytes, bool]:
-        """Call slots ``records`` write: key -> whether it lives afterwards (the last
-        write of a key in the batch wins, as in RocksDB)."""
+    def _index_writes(self, records: Sequence[tuple[bytes, bytes | None]]) -> dict[bytes, bool]:
+        """Per-record keys ``records`` write: key -> whether it lives afterwards (the
+        last write of a key in the batch wins, as in RocksDB)."""
         if self._slots is None:
             return {}
-        return {k: v is not None for k, v in records if k[:2] == _CALL_PREFIX}
+        return {k: v is not None for k, v in records if k[:2] in _RECORD_HEADS}
 
     def _note_puts(self, writes: dict[bytes, bool]) -> None:
-        slots = self._slots
-        if slots is None:
+        live = self._slots
+        if live is None:
             return
         for key, lives in writes.items():
-            if lives and not self._add_slot(slots, key):
+            if lives and not _index_key(live, key):
                 self._slots = None
                 return
 
     def _note_deletes(self, writes: dict[bytes, bool]) -> None:
-        slots = self._slots
-        if slots is None:
+        live = self._slots
+        if live is None:
             return
         for key, lives in writes.items():
             if not lives:
-                run = key[: key.rfind(_SEP) + 1]
-                found = slots.get(run)
+                record = _record_of(key)
+                found = live.get(record) if record is not None else None
                 if found is not None:
                     found.discard(key)
                     if not found:
-                        del slots[run]
+                        del live[record]  # type: ignore[arg-type]
 
     def clear(self) -> None:
         """Delete every entry (the topic was recreated: rebuilt from scratch)."""
@@ -198,8 +204,10 @@ class PartitionCache:
         rebuild replays them. :meth:`settle` must persist the replayed batches before the
         next logged write: a log replayed over a lost memtable would keep that write
         (and its later checkpoint) without the records before it."""
-        slot_writes = self._slot_writes(records)
-        self._note_puts(slot_writes)
+        if replay and self._slots is not None:
+            self._slots = None  # loaded once by settle(): cheaper than noting each write
+        index_writes = self._index_writes(records)
+        self._note_puts(index_writes)
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         for key, value in records:
@@ -223,17 +231,17 @@ class PartitionCache:
                 self.settle()
             self.db.write(batch)
         self.has_legacy = legacy
-        self._note_deletes(slot_writes)
+        self._note_deletes(index_writes)
 
     def settle(self) -> None:
         """Persist what :meth:`apply` wrote with ``replay`` (flush the memtable); index
-        the live call slots again if a replay passed the limit on its way (its records
-        were pruned later in the topic: what lives at the end is what counts)."""
+        the live per-record entries again (a replay drops the index: what lives at the
+        end is what counts)."""
         if self._unsettled:
             self.db.flush(wait=True)
             self._unsettled = False
         if self._index_slots and self._slots is None:
-            self._slots = self._load_slots()
+            self._slots = self._load_index()
 
     def _scan_legacy(self) -> bool:
         it = self.db.iter()
@@ -252,7 +260,14 @@ class PartitionCache:
         finally:
             del it
 
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key``; a per-record key the index knows is absent is not read."""
+        return self.db.get(key) if self.may_hold(key) else None
+
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Entries whose key starts with ``prefix``, in key order."""
+        if not self.may_hold(prefix):
+            return []
         out = []
         it = self.db.iter()
         it.seek(prefix)
@@ -266,13 +281,25 @@ class PartitionCache:
         return out
 
     def keys_under(self, prefixes: list[bytes]) -> list[bytes]:
-        """Keys starting with any of ``prefixes`` (no values), with one iterator: a
+        """Keys starting with any of ``prefixes`` (no values), for each prefix in order:
+        from the index when the prefixes are per-record ones, else with one iterator (a
         commit prunes three prefixes per record, and opening an iterator costs more than
-        seeking one (values of ActionDones, with their outputs, are never copied out)."""
-        out: list[bytes] = []
+        seeking one; values of ActionDones, with their outputs, are never copied out)."""
+        ordered = sorted(prefixes)
+        live = self._slots
+        if live is not None:
+            records = [_record_of(p) for p in ordered]
+            if None not in records:
+                out: list[bytes] = []
+                for prefix, record in zip(ordered, records, strict=True):
+                    found = live.get(record)  # type: ignore[arg-type]
+                    if found:
+                        out += sorted(k for k in tuple(found) if k.startswith(prefix))
+                return out
+        out = []
         it = self.db.iter()
         try:
-            for prefix in sorted(prefixes):  # seeks move forward through the table
+            for prefix in ordered:  # seeks move forward through the table
                 it.seek(prefix)
                 while it.valid():
                     key = it.key()
@@ -290,6 +317,33 @@ class PartitionCache:
     def destroy(self) -> None:
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _record_of(key: bytes) -> bytes | None:
+    """``key SEP seq SEP`` of a per-record key or prefix: the same for every entry of
+    one input record, whatever the layout (v5 or legacy) and the topic; None when
+    ``key`` is not one or stops before its seq."""
+    if key[:2] not in _RECORD_HEADS:
+        return None
+    end = key.find(_SEP, 2)
+    if end < 0:
+        return None
+    end = key.find(_SEP, end + 1)
+    return key[2 : end + 1] if end >= 0 else None
+
+
+def _index_key(live: dict[bytes, set[bytes]], key: bytes) -> bool:
+    """Index per-record ``key``; False when that would pass the limit."""
+    record = _record_of(key)
+    if record is None:  # a key cut short: never written by this library
+        return True
+    found = live.get(record)
+    if found is None:
+        if len(live) >= SLOT_INDEX_LIMIT:
+            return False
+        live[record] = found = set()
+    found.add(key)
+    return True
 
 
 def _is_legacy(key: bytes) -> bool:

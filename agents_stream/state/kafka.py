@@ -50,8 +50,9 @@ class KafkaActionStateStore(ActionStateStore):
     ) -> None:
         """``cancel``: the host's stop signal; a cache rebuild in :meth:`assign` ends
         early once it is set (raising RebuildCancelled), so a stop is not held up by it.
-        ``index_slots``: keep each partition's live call slots in memory (see
-        :class:`PartitionCache`); worth it where records are pruned."""
+        ``index_slots``: keep each partition's live per-record keys (calls, ActionDones,
+        truncations) in memory (see :class:`PartitionCache`); worth it where records are
+        pruned."""
         self.topic = topic
         self._cancel = cancel
         self._producer = producer
@@ -116,10 +117,7 @@ class KafkaActionStateStore(ActionStateStore):
         return self._codec.decode(key, value)
 
     def calls(self, ref: ActionRef) -> dict[int, CallEntry]:
-        cache, prefix = self._cache(ref.partition), keys.calls_prefix(ref)
-        if not cache.may_hold_calls(prefix):  # a new action run: no RocksDB seek
-            return {}
-        rows = cache.scan(prefix)
+        rows = self._cache(ref.partition).scan(keys.calls_prefix(ref))
         out: dict[int, CallEntry] = {}
         for key, value in rows:
             entry = self._decode(key, value)
@@ -129,7 +127,7 @@ class KafkaActionStateStore(ActionStateStore):
 
     def done(self, ref: ActionRef) -> ActionDone | None:
         raw_key = keys.done_key(ref)
-        raw = self._cache(ref.partition).db.get(raw_key)
+        raw = self._cache(ref.partition).get(raw_key)
         if raw is None:
             return None
         entry = self._decode(raw_key, raw)

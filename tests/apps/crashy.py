@@ -133,7 +133,15 @@ class Crashy(Agent):
         second = ctx.execute(step, "second", event.n)
         park("second")
         count = ctx.short_term_memory.get("count")
-        ctx.send_event(OutputEvent(output={"n": event.n, "first": event.first, "second": second, "count": count}))
+        ctx.send_event(
+            OutputEvent(
+                output={"n": event.n, "first": event.first, "second": second, "count": count}
+            )
+        )
 
 
-app.agent(Crashy, input=os.environ.get("AS_INPUT", "crashy-in"), output=os.environ.get("AS_OUTPUT", "crashy-out"))
+app.agent(
+    Crashy,
+    input=os.environ.get("AS_INPUT", "crashy-in"),
+    output=os.environ.get("AS_OUTPUT", "crashy-out"),
+)

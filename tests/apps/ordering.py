@@ -31,4 +31,8 @@ class Sequencer(Agent):
         )
 
 
-app.agent(Sequencer, input=os.environ.get("AS_INPUT", "seq-in"), output=os.environ.get("AS_OUTPUT", "seq-out"))
+app.agent(
+    Sequencer,
+    input=os.environ.get("AS_INPUT", "seq-in"),
+    output=os.environ.get("AS_OUTPUT", "seq-out"),
+)

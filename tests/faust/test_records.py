@@ -58,8 +58,15 @@ class FakeMessage:
 
 
 class FakeEvent:
-    def __init__(self, value: Any, *, key: Any = b"k", offset: int = 0, partition: int = 0,
-                 on_ack: Any = None) -> None:
+    def __init__(
+        self,
+        value: Any,
+        *,
+        key: Any = b"k",
+        offset: int = 0,
+        partition: int = 0,
+        on_ack: Any = None,
+    ) -> None:
         self.key = key
         self.value = value
         self.message = FakeMessage(partition=partition, offset=offset, key=key)
@@ -114,7 +121,10 @@ class Host:
             self.crashes.append(exc)
 
         return FaustRecordHandler(
-            runner, dead_letters=self.dlq, on_error=self.on_error, crash=crash,
+            runner,
+            dead_letters=self.dlq,
+            on_error=self.on_error,
+            crash=crash,
             owns=self.owned.__contains__,
         )
 
@@ -216,7 +226,9 @@ def test_a_record_without_key_is_keyless_as_in_the_worker():
 
 def test_durable_agent_inside_faust_test_context(tmp_path):
     EFFECTS.clear()
-    app = faust.App("unit-faust", broker="kafka://127.0.0.1:1", store="memory://", datadir=str(tmp_path))
+    app = faust.App(
+        "unit-faust", broker="kafka://127.0.0.1:1", store="memory://", datadir=str(tmp_path)
+    )
     topic = app.topic("orders", value_serializer="json")
     sink = ListSink()
     store = InMemoryActionStateStore()
@@ -255,7 +267,9 @@ def test_events_below_the_completed_through_marker_are_acked_without_running():
     assert len(EFFECTS) == 1
 
 
-def replay_of(original: int, *, offset: int, partition: int = 0, topic: str = "orders") -> FakeEvent:
+def replay_of(
+    original: int, *, offset: int, partition: int = 0, topic: str = "orders"
+) -> FakeEvent:
     """The dead letter of ``original`` produced back to its input by ``dlq replay``."""
     event = FakeEvent({"n": 1}, offset=offset, partition=partition)
     event.message.headers = [("x-replay-of", f"{topic}/{partition}/{original}".encode())]

@@ -45,7 +45,9 @@ def reset_group(bootstrap: str, group: str, topic: str, partitions: int) -> None
         consumer.close()
 
 
-def test_reset_offsets_do_not_rerun_completed_inputs(broker, topic_factory, worker_factory, tmp_path):
+def test_reset_offsets_do_not_rerun_completed_inputs(
+    broker, topic_factory, worker_factory, tmp_path
+):
     db = tmp_path / "effects.sqlite"
     connect(str(db)).close()
     env = {
@@ -55,7 +57,11 @@ def test_reset_offsets_do_not_rerun_completed_inputs(broker, topic_factory, work
         "AS_EFFECTS_DB": str(db),
     }
     create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=2)
-    produce(broker.bootstrap, env["AS_INPUT"], [(f"key-{n}", {"scenario": "calls", "n": n}) for n in range(N)])
+    produce(
+        broker.bootstrap,
+        env["AS_INPUT"],
+        [(f"key-{n}", {"scenario": "calls", "n": n}) for n in range(N)],
+    )
     worker = worker_factory("tests.apps.crashy:app", env)
     wait_for_records(broker.bootstrap, env["AS_OUTPUT"], N)
     state_topic = f"{env['AS_APP_ID']}-action-state"

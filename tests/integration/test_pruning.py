@@ -20,7 +20,9 @@ def live_keys(records) -> dict[bytes, bytes | None]:
     return {k: v for k, v in last.items() if v is not None}
 
 
-def test_completed_action_states_are_pruned_after_commit(broker, topic_factory, worker_factory, tmp_path):
+def test_completed_action_states_are_pruned_after_commit(
+    broker, topic_factory, worker_factory, tmp_path
+):
     db = tmp_path / "effects.sqlite"
     connect(str(db)).close()
     env = {
@@ -30,7 +32,11 @@ def test_completed_action_states_are_pruned_after_commit(broker, topic_factory, 
         "AS_EFFECTS_DB": str(db),
     }
     create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=2)
-    produce(broker.bootstrap, env["AS_INPUT"], [(f"key-{n}", {"scenario": "two-actions", "n": n}) for n in range(6)])
+    produce(
+        broker.bootstrap,
+        env["AS_INPUT"],
+        [(f"key-{n}", {"scenario": "two-actions", "n": n}) for n in range(6)],
+    )
     worker = worker_factory("tests.apps.crashy:app", env)
     wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 6)
     state_topic = f"{env['AS_APP_ID']}-action-state"

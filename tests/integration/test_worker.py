@@ -69,12 +69,16 @@ def test_two_workers_share_partitions_and_failover(broker, topic_factory, worker
     assert all(v["prev"] == 0 for v in survivors)
 
 
-def test_malformed_input_goes_to_dlq_and_processing_continues(broker, topic_factory, worker_factory):
+def test_malformed_input_goes_to_dlq_and_processing_continues(
+    broker, topic_factory, worker_factory
+):
     env = env_for(topic_factory)
     inp = env["AS_INPUT"]
     create_topics(broker.bootstrap, [inp], partitions=2)
     produce(broker.bootstrap, inp, [("a", b"{not json"), ("a", b"\xff\xfe")], raw=True)
-    produce(broker.bootstrap, inp, [("a", {"n": 0}), ("b", {"n": 0, "explode": True}), ("b", {"n": 0})])
+    produce(
+        broker.bootstrap, inp, [("a", {"n": 0}), ("b", {"n": 0, "explode": True}), ("b", {"n": 0})]
+    )
     worker = worker_factory("tests.apps.ordering:app", env)
     outputs = wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 2, timeout=90)
     dlq = wait_for_records(broker.bootstrap, f"{inp}-dlq", 3, timeout=30)
@@ -96,7 +100,9 @@ def test_malformed_input_goes_to_dlq_and_processing_continues(broker, topic_fact
     assert len(read_topic(broker.bootstrap, f"{inp}-dlq")) == 3
 
 
-def test_in_flight_limit_pauses_and_resumes_without_losing_records(broker, topic_factory, worker_factory):
+def test_in_flight_limit_pauses_and_resumes_without_losing_records(
+    broker, topic_factory, worker_factory
+):
     env = env_for(topic_factory)
     create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=2)
     keys = [f"k{i}" for i in range(40)]  # all different: only the limit bounds concurrency

@@ -97,7 +97,11 @@ def test_failed_call_is_reraised_with_same_type_without_running():
 
 def test_unknown_exception_type_becomes_durable_call_error():
     entry = CallEntry(
-        REF, 0, f"{__name__}.double", "", CallStatus.FAILED,
+        REF,
+        0,
+        f"{__name__}.double",
+        "",
+        CallStatus.FAILED,
         exception=ExceptionInfo("not_loaded_module.Weird", "nope", "tb"),
     )
     store = InMemoryActionStateStore()
@@ -144,7 +148,9 @@ def test_pending_reconciler_exception_is_journaled_as_failed():
     store = InMemoryActionStateStore()
     pay = Payment({})
     ctx = make_ctx(store)
-    store.append([ctx._entry(0, ctx._describe(pay, (5,), {}, None, None), CallStatus.PENDING, 1)], 0)
+    store.append(
+        [ctx._entry(0, ctx._describe(pay, (5,), {}, None, None), CallStatus.PENDING, 1)], 0
+    )
     with pytest.raises(LookupError):
         make_ctx(store).execute(pay, 5)
     assert store.calls(REF)[0].status is CallStatus.FAILED
@@ -154,7 +160,9 @@ def test_pending_reconciler_exception_is_journaled_as_failed():
 def test_pending_without_reconciler_re_executes():
     store = InMemoryActionStateStore()
     ctx = make_ctx(store)
-    store.append([ctx._entry(0, ctx._describe(double, (3,), {}, None, None), CallStatus.PENDING, 1)], 0)
+    store.append(
+        [ctx._entry(0, ctx._describe(double, (3,), {}, None, None), CallStatus.PENDING, 1)], 0
+    )
     assert make_ctx(store).execute(double, 3) == 6
     assert store.calls(REF)[0].status is CallStatus.SUCCEEDED
 
@@ -200,7 +208,9 @@ def test_retry_only_final_outcome_journaled():
             raise ConnectionError("try again")
         return x
 
-    policy = RetryPolicy(max_attempts=5, backoff="fixed", initial_delay=0.001, retry_on=(ConnectionError,))
+    policy = RetryPolicy(
+        max_attempts=5, backoff="fixed", initial_delay=0.001, retry_on=(ConnectionError,)
+    )
     assert make_ctx(store).execute(flaky, 7, retry=policy) == 7
     assert len(attempts) == 3
     [entry] = store.log
@@ -315,7 +325,9 @@ def test_async_reconcilable_pending_runs_reconciler():
         return "reconciled"
 
     ctx = make_ctx(store)
-    store.append([ctx._entry(0, ctx._describe(charge, (1,), {}, None, None), CallStatus.PENDING, 1)], 0)
+    store.append(
+        [ctx._entry(0, ctx._describe(charge, (1,), {}, None, None), CallStatus.PENDING, 1)], 0
+    )
     result = asyncio.run(make_ctx(store).execute_async(charge, 1, reconciler=check))
     assert result == "reconciled" and charged == []
 
@@ -337,5 +349,8 @@ def test_corrupt_result_payload_names_the_slot():
     with pytest.raises(JournalDecodeError) as err:
         make_ctx(store).execute(double, 1)
     assert (err.value.key, err.value.seq, err.value.action, err.value.index) == (
-        "user-1", 42, "Scoring.process#0", 0,
+        "user-1",
+        42,
+        "Scoring.process#0",
+        0,
     )

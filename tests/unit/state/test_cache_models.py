@@ -1,6 +1,7 @@
 """Cache helpers checked against simple reference models: legacy (topic-less) record
 keys told apart by one regular expression (the reference is the field split it
-replaced), many prefixes scanned with one iterator, and the index of live call slots."""
+replaced), many prefixes scanned with one iterator, and the index of live per-record
+entries (the reference is RocksDB itself, read without the index)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents_stream.state import cache as cache_module
-from agents_stream.state.cache import _RECORD_KINDS, PartitionCache, _is_legacy
+from agents_stream.state.cache import _RECORD_KINDS, PartitionCache, _is_legacy, _record_of
 
 
 def reference(key: bytes) -> bool:
@@ -60,48 +61,96 @@ def test_keys_under_many_prefixes_is_one_scan_per_prefix(
         cache.close()
 
 
-RUNS = [b"c\x1fk%d\x1f%d\x1forders\x1fA.p#0\x1f" % (k, s) for k in range(3) for s in (1, 12)]
-slot_ops = st.lists(
-    st.lists(
-        st.tuples(
-            st.sampled_from(RUNS),
-            st.sampled_from([b"0", b"1", b"10"]),
-            st.booleans(),  # put (True) or delete
-        ),
-        max_size=8,
-    ),
+def raw_scan(cache: PartitionCache, prefix: bytes) -> list[tuple[bytes, bytes]]:
+    """RocksDB alone, no index: the reference."""
+    out = []
+    it = cache.db.iter()
+    it.seek(prefix)
+    while it.valid() and it.key().startswith(prefix):
+        out.append((it.key(), it.value()))
+        it.next()
+    del it
+    return out
+
+
+# Entries of a few input records: v5 keys of two topics sharing key and seq, a legacy
+# (topic-less) layout, ActionDones of actions whose ids prefix one another (#1, #10).
+RECORDS = [(b"k%d" % k, b"%d" % s) for k in range(2) for s in (1, 12, -5)]
+TAILS = [b"orders\x1fA.p#0", b"orders\x1fA.p#1", b"orders\x1fA.p#10", b"refunds\x1fA.p#0", b"A.p#0"]
+KEYS = [
+    kind + b"\x1f" + key + b"\x1f" + seq + b"\x1f" + tail + index
+    for key, seq in RECORDS
+    for tail in TAILS
+    for kind, index in ((b"a", b""), (b"c", b"\x1f0"), (b"c", b"\x1f1"), (b"t", b"\x1f0"))
+] + [b"m\x1fk0", b"r\x1fk0\x1f0"]
+PROBES = sorted(
+    {
+        p
+        for k in KEYS
+        for p in (k, k[: k.rfind(b"\x1f") + 1], k[: k.find(b"\x1f", k.find(b"\x1f", 2) + 1) + 1])
+    }
+    | {b"c\x1f", b"a\x1fk0\x1f", b"c\x1fk1\x1f1"}
+)
+writes = st.lists(
+    st.lists(st.tuples(st.sampled_from(KEYS), st.booleans()), max_size=10),  # put / delete
     max_size=6,
 )
 
 
 @settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(slot_ops, st.integers(min_value=1, max_value=8))
-def test_the_live_slot_index_agrees_with_rocksdb(
+@given(writes, st.lists(st.booleans(), min_size=6, max_size=6), st.integers(1, 12))
+def test_the_live_entry_index_agrees_with_rocksdb(
     tmp_path_factory: pytest.TempPathFactory,
-    batches: list[list[tuple[bytes, bytes, bool]]],
+    batches: list[list[tuple[bytes, bool]]],
+    replayed: list[bool],
     limit: int,
 ) -> None:
-    """Reference: the prefix scan. The index must never say "no slot" where RocksDB has
-    one (the run's calls would re-execute); below its limit it is exact; past it, it is
-    dropped and every lookup scans. Batches may write a key twice (the last wins)."""
-    path = tmp_path_factory.mktemp("slots")
+    """The index must never say "absent" where RocksDB has an entry (the record's
+    actions or calls would run again): reads through it (get, scan, keys_under) equal
+    RocksDB's own. Below its limit "may hold" is exact; past it, or after a replayed
+    batch until settle(), there is no index and every read goes to RocksDB. Batches may
+    write a key twice (the last wins)."""
+    path = tmp_path_factory.mktemp("index")
     cache = PartitionCache(path)
     saved, cache_module.SLOT_INDEX_LIMIT = cache_module.SLOT_INDEX_LIMIT, limit
+
+    def check(c: PartitionCache) -> None:
+        for probe in PROBES:
+            rows = raw_scan(c, probe)
+            assert c.scan(probe) == rows
+            assert c.get(probe) == c.db.get(probe)
+            if c._slots is not None and _record_of(probe) is not None:
+                assert c.may_hold(probe) == bool(rows)  # exact
+            else:
+                assert c.may_hold(probe)  # no index, or no record named: RocksDB answers
+        for group in (PROBES[::3], PROBES[1::4], [p for p in PROBES if p.count(b"\x1f") >= 3]):
+            assert c.keys_under(group) == [k for p in sorted(group) for k, _ in raw_scan(c, p)]
+
     try:
-        for offset, batch in enumerate(batches, 1):
-            cache.apply([(run + i, b"v" if put else None) for run, i, put in batch], offset)
-            for run in RUNS:
-                live = bool(cache.scan(run))
-                if cache._slots is not None:
-                    assert cache.may_hold_calls(run) == live
-                else:
-                    assert cache.may_hold_calls(run)
+        for offset, (batch, replay) in enumerate(zip(batches, replayed, strict=False), 1):
+            cache.apply([(k, b"v" if put else None) for k, put in batch], offset, replay=replay)
+            check(cache)
+            cache.settle()
+            check(cache)
         cache.close()
         reopened = PartitionCache(path)
-        for run in RUNS:
-            live = bool(reopened.scan(run))
-            assert reopened.may_hold_calls(run) == live or reopened._slots is None
-            assert reopened.may_hold_calls(run) or not live
+        check(reopened)
         reopened.close()
     finally:
         cache_module.SLOT_INDEX_LIMIT = saved
+
+
+def test_the_index_answers_without_rocksdb_and_says_when_it_is_gone(tmp_path: Path) -> None:
+    cache = PartitionCache(tmp_path / "p0")
+    done = b"a\x1fk\x1f7\x1forders\x1fA.p#1"
+    cache.apply([(done, b"v"), (b"c\x1fk\x1f7\x1forders\x1fA.p#1\x1f0", b"v")], 1)
+    assert cache.may_hold(done) and cache.may_hold(b"c\x1fk\x1f7\x1forders\x1fA.p#1\x1f")
+    assert not cache.may_hold(b"a\x1fk\x1f7\x1forders\x1fA.p#10")  # a prefix of it is live
+    assert not cache.may_hold(b"c\x1fk\x1f7\x1forders\x1fA.p#0\x1f")
+    assert not cache.may_hold(b"a\x1fk\x1f8\x1forders\x1fA.p#1")
+    assert cache.may_hold(b"c\x1f")  # names no record: RocksDB answers
+    cache.apply([(done, None)], 2, replay=True)
+    assert cache._slots is None and cache.may_hold(b"a\x1fk\x1f8\x1forders\x1fA.p#1")
+    cache.settle()
+    assert not cache.may_hold(done)
+    cache.close()
