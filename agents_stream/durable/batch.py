@@ -280,9 +280,12 @@ def _send_outputs(
     sink = runner.sink
     send_batch = getattr(sink, "send_batch", None)
     if send_batch is not None:
-        sent = send_batch([(done.ref.key, values) for done, values in sends])
+        stored = runner.sends_stored
+        sent = send_batch(
+            [(done.ref.key, values, done.outputs if stored else None) for done, values in sends]
+        )
     else:
-        sent = all_of([sink.send(done.ref.key, values, partition) for done, values in sends])
+        sent = all_of([runner._send(done, values) for done, values in sends])
     sent.add_done_callback(partial(_mark_emitted, runner, [done for done, _ in sends], partition))
     return sent
 

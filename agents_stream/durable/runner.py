@@ -59,13 +59,17 @@ from .journal import (
     entry_key,
 )
 from .memory import KeylessMemory, apply_updates
+from .payload import JsonCodec
 from .store import ActionStateStore, all_of
 from .timers import Timers
 
 
 class OutputSink(Protocol):
-    """Where outputs go. A sink may also offer ``send_batch(outputs)`` (pairs of key and
-    values, one future for all), which the batch path uses when present."""
+    """Where outputs go. A sink may also offer ``send_batch(outputs)`` (triples of key,
+    values and ``stored``, one future for all), which the batch path uses when present.
+    A sink with ``takes_stored = True`` is also given ``stored``, the values as their
+    ActionDone journals them with the JSON payload codec (see ``values.plain_json``),
+    as the fourth argument of ``send``; else ``send_batch`` gets None for it."""
 
     def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
         """Send ``values`` downstream; the future resolves when they are durable."""
@@ -139,6 +143,10 @@ class ActionRunner:
         self.store = store
         self.config = config
         self.sink = sink or NullSink()
+        # Whether the sink may take the journaled bytes of the outputs (see OutputSink).
+        self.sends_stored = type(config.codec) is JsonCodec and getattr(
+            self.sink, "takes_stored", False
+        )
         self.on_timers = on_timers
         self._actions = agent.actions()
         # The batch path (durable/batch.py) runs the first action of many records
@@ -363,9 +371,14 @@ class ActionRunner:
     def _send_outputs(self, done: ActionDone, values: list[Any]) -> Future[None]:
         """Outputs of an acked ActionDone; once they are acked, its emitted marker (not
         awaited: a lost marker only means the outputs may be sent once more)."""
-        sent = self.sink.send(done.ref.key, values, done.ref.partition)
+        sent = self._send(done, values)
         sent.add_done_callback(partial(self._mark_emitted, done))
         return sent
+
+    def _send(self, done: ActionDone, values: list[Any]) -> Future[None]:
+        if self.sends_stored:
+            return self.sink.send(done.ref.key, values, done.ref.partition, done.outputs)  # type: ignore[call-arg]
+        return self.sink.send(done.ref.key, values, done.ref.partition)
 
     def _mark_emitted(self, done: ActionDone, sent: Future[None]) -> None:
         if sent.exception() is None:
@@ -439,7 +452,7 @@ class ActionRunner:
         outcome.outputs.extend(values)
         if done.emitted:
             return
-        await acked(self.sink.send(done.ref.key, values, done.ref.partition))
+        await acked(self._send(done, values))
         # Not awaited: a lost marker only means the outputs may be sent once more.
         self.store.note([_emitted(done)], done.ref.partition)
 
@@ -469,7 +482,9 @@ def input_event(record: RecordInput) -> InputEvent:
 
 def _emitted(done: ActionDone) -> ActionDone:
     """``replace(done, emitted=True)`` without re-running the dataclass constructor (once
-    per action with outputs, on the hot path)."""
+    per action with outputs, on the hot path). The copy keeps what the journal codec
+    cached on ``done``, so that the marker's bytes are the ActionDone's with one byte
+    flipped (``serde.journal._flip_emitted``)."""
     marked: ActionDone = object.__new__(ActionDone)
     marked.__dict__.update(done.__dict__, emitted=True)
     return marked

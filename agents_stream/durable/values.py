@@ -415,6 +415,19 @@ def encode_value(value: Any, *, where: str = "value") -> bytes:
     return _HEADER + _text(_tree(value, False, where), False).encode("utf-8", "surrogatepass")
 
 
+def plain_json(stored: bytes) -> bytes | None:
+    """The compact UTF-8 ``json.dumps`` of the value ``stored`` (bytes of
+    :func:`encode_value`), when it is a plain tree: then the stored text is that JSON
+    already, and a JSON output topic can take it as is instead of encoding the value a
+    second time. None when the value may not be plain or not strict UTF-8: a tag is an
+    object key starting with ``$`` (so its text holds ``"$``; a plain string starting
+    with ``$`` only costs the fallback), and a lone surrogate, which only the journal
+    stores, is encoded from the byte 0xED."""
+    if stored[:2] != _HEADER or b'"$' in stored or b"\xed" in stored:
+        return None
+    return stored[2:]
+
+
 def canonical_bytes(value: Any, *, where: str = "value") -> bytes:
     """The digest encoding: equal values give equal bytes in every process."""
     return _text(_tree(value, True, where), True).encode("utf-8", "surrogatepass")

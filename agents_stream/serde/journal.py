@@ -74,9 +74,16 @@ class JournalCodec:
             prefix = single_object_header(serde.reader.fingerprint)
             self._fast_dec = {prefix + _V[i << 1]: dec for i, dec in decoders.items()}
         self._label = serde.reader.label
+        self._flips = _emitted_flips(serde.writer.parsed)
 
     def encode(self, entry: JournalEntry) -> bytes:
         """The record value of ``entry`` (its key comes from ``entry_key_bytes``)."""
+        cls = entry.__class__
+        if cls is ActionDone and self._flips:
+            return self._encode_done(entry)  # type: ignore[arg-type]
+        return self._encode(entry)
+
+    def _encode(self, entry: JournalEntry) -> bytes:
         fast = self._fast_enc.get(entry.__class__)
         if fast is not None:
             head = self._heads.get(entry.__class__)
@@ -87,6 +94,21 @@ class JournalCodec:
             except Exception:  # the general path encodes it or says why it cannot
                 pass
         return self.serde.encode({"entry": to_datum(entry)})
+
+    def _encode_done(self, done: ActionDone) -> bytes:
+        """An ActionDone; its emitted marker (the same entry with ``emitted=True``, which
+        ``runner._emitted`` copies with the bytes this left on it) by flipping that one
+        byte rather than encoding the entry, outputs and all, a second time."""
+        if done.emitted:
+            cached = done.__dict__.get(_UNEMITTED)
+            if cached is not None and cached[0] is self:  # this codec's framing
+                marker = _flip_emitted(cached[1], done)
+                if marker is not None:
+                    return marker
+            return self._encode(done)
+        value = self._encode(done)
+        done.__dict__[_UNEMITTED] = (self, value)  # frozen: a cache, not a field
+        return value
 
     def decode(self, key: bytes, value: bytes) -> JournalEntry:
         """Decode a record value written by any released schema version.
@@ -445,6 +467,50 @@ def _bindings() -> dict[str, ObjectBinding]:
         _NS + "SentEvent": plain(SentEvent, "type", "payload"),
         _NS + "TimerUpdate": plain(TimerUpdate, "kind", "ts", "deleted"),
     }
+
+
+_UNEMITTED = "_unemitted_value"
+
+
+def _emitted_flips(parsed: Any) -> bool:
+    """Whether the writer schema's ActionDone ends with ``emitted, timers,
+    memory_version, topic``, the layout :func:`_flip_emitted` counts back through."""
+    try:
+        branches = parsed["fields"][0]["type"]
+        done = next(b for b in branches if isinstance(b, dict) and b.get("name") == DONE)
+        tail = [(f["name"], f["type"]) for f in done["fields"][-4:]]
+    except (KeyError, IndexError, TypeError, StopIteration):
+        return False
+    return (
+        [n for n, _ in tail] == ["emitted", "timers", "memory_version", "topic"]
+        and [t for n, t in tail if n != "timers"] == ["boolean", "long", "string"]
+        and isinstance(tail[1][1], dict)
+        and tail[1][1].get("type") == "array"
+    )
+
+
+def _varint_len(zigzag: int) -> int:
+    return max(1, (zigzag.bit_length() + 6) // 7)
+
+
+def _flip_emitted(value: bytes, done: ActionDone) -> bytes | None:
+    """``value`` (``done`` encoded with ``emitted=False``) with ``emitted=True``; None
+    when the tail is not the expected one (then the entry is encoded)."""
+    if done.timers:
+        return None
+    topic = done.ref.topic.encode("utf-8", "surrogatepass")
+    version = done.memory_version
+    # After the boolean: an empty array (one 0 byte), two zigzag varints, the topic.
+    tail = (
+        1
+        + _varint_len((version << 1) ^ (version >> 63))
+        + _varint_len(len(topic) << 1)
+        + len(topic)
+    )
+    at = len(value) - tail - 1
+    if at < 0 or value[at] != 0 or value[at + 1] != 0 or not value.endswith(topic):
+        return None
+    return value[:at] + b"\x01" + value[at + 1 :]
 
 
 def _fast_codecs(parsed: Any) -> tuple[dict[type, tuple[int, Any]], dict[int, Any]]:

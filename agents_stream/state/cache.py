@@ -95,6 +95,7 @@ class PartitionCache:
             self.db[LEGACY_KEY] = flag
         self.has_legacy = flag == b"1"
         self._unsettled = False  # replayed batches not flushed yet
+        self._checkpoint = self._read_checkpoint()  # only apply() and clear() change it
         self._index_slots = index_slots
         self._slots = self._load_index() if index_slots else None
 
@@ -148,44 +149,20 @@ class PartitionCache:
         # A snapshot: the producer's thread may change the set meanwhile.
         return any(k.startswith(prefix) for k in tuple(found))
 
-    def _index_writes(self, records: Sequence[tuple[bytes, bytes | None]]) -> dict[bytes, bool]:
-        """Per-record keys ``records`` write: key -> whether it lives afterwards (the
-        last write of a key in the batch wins, as in RocksDB)."""
-        if self._slots is None:
-            return {}
-        return {k: v is not None for k, v in records if k[:2] in _RECORD_HEADS}
-
-    def _note_puts(self, writes: dict[bytes, bool]) -> None:
-        live = self._slots
-        if live is None:
-            return
-        for key, lives in writes.items():
-            if lives and not _index_key(live, key):
-                self._slots = None
-                return
-
-    def _note_deletes(self, writes: dict[bytes, bool]) -> None:
-        live = self._slots
-        if live is None:
-            return
-        for key, lives in writes.items():
-            if not lives:
-                record = _record_of(key)
-                found = live.get(record) if record is not None else None
-                if found is not None:
-                    found.discard(key)
-                    if not found:
-                        del live[record]  # type: ignore[arg-type]
-
     def clear(self) -> None:
         """Delete every entry (the topic was recreated: rebuilt from scratch)."""
         for key in list(self.db.keys()):
             self.db.delete(key)
+        self._checkpoint = 0
         if self._slots is not None:
             self._slots = {}
 
     @property
     def checkpoint(self) -> int:
+        """The next topic offset this cache reflects."""
+        return self._checkpoint
+
+    def _read_checkpoint(self) -> int:
         raw = self.db.get(CHECKPOINT_KEY)
         return int(raw) if raw is not None else 0
 
@@ -204,10 +181,17 @@ class PartitionCache:
         rebuild replays them. :meth:`settle` must persist the replayed batches before the
         next logged write: a log replayed over a lost memtable would keep that write
         (and its later checkpoint) without the records before it."""
-        if replay and self._slots is not None:
-            self._slots = None  # loaded once by settle(): cheaper than noting each write
-        index_writes = self._index_writes(records)
-        self._note_puts(index_writes)
+        live = self._slots
+        if live is not None and replay:
+            self._slots = live = None  # loaded once by settle(): cheaper than noting writes
+        writes: dict[bytes, bytes | None] = {}
+        if live is not None:
+            # Per-record keys, the last write of each (as in RocksDB); puts noted now.
+            writes = {k: v for k, v in records if k[:2] in _RECORD_HEADS}
+            for key, value in writes.items():
+                if value is not None and not _index_key(live, key):
+                    self._slots = live = None  # past the limit
+                    break
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         for key, value in records:
@@ -221,7 +205,7 @@ class PartitionCache:
         )
         if legacy and not self.has_legacy:
             batch.put(LEGACY_KEY, b"1")
-        if next_offset > self.checkpoint:
+        if next_offset > self._checkpoint:
             batch.put(CHECKPOINT_KEY, str(next_offset).encode())
         if replay:
             self.db.write(batch, _UNLOGGED)
@@ -230,8 +214,17 @@ class PartitionCache:
             if self._unsettled:
                 self.settle()
             self.db.write(batch)
+        self._checkpoint = max(self._checkpoint, next_offset)
         self.has_legacy = legacy
-        self._note_deletes(index_writes)
+        if live is not None:  # deletes noted once RocksDB has them
+            for key, value in writes.items():
+                if value is None:
+                    record = _record_of(key)
+                    found = live.get(record) if record is not None else None
+                    if found is not None:
+                        found.discard(key)
+                        if not found:
+                            del live[record]  # type: ignore[index]
 
     def settle(self) -> None:
         """Persist what :meth:`apply` wrote with ``replay`` (flush the memtable); index

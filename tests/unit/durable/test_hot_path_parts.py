@@ -146,3 +146,39 @@ def test_plain_fast_path_gives_the_tagged_encoding(value: object) -> None:
         )
         fast = v.canonical_bytes(value) if canon else v.encode_value(value)[2:]
         assert fast == slow
+
+
+def _topic_json(value: object) -> bytes | None:
+    """The reference: what the default output-topic codec writes (None: it refuses)."""
+    from agents_stream.serde.errors import ValueEncodeError
+    from agents_stream.serde.values import JsonValueCodec
+
+    try:
+        return JsonValueCodec().encode(value)
+    except ValueEncodeError:
+        return None
+
+
+@given(json_trees | domain_values | st.tuples(json_trees, json_trees) | st.just(()))
+def test_journaled_output_bytes_are_the_topic_json_when_taken(value: object) -> None:
+    """An output's journaled bytes go to a JSON output topic as they are only when they
+    equal what the topic codec would write; otherwise the codec encodes (or refuses) it."""
+    from agents_stream.durable.values import _plain, encode_value, plain_json
+
+    stored = encode_value(value)
+    taken = plain_json(stored)
+    if taken is not None:
+        assert taken == _topic_json(value)
+    elif _plain(value) and b'"$' not in stored and b"\xed" not in stored:
+        raise AssertionError("a plain value was encoded twice")
+
+
+def test_the_journal_bytes_of_plain_outputs_are_reused_and_tagged_ones_are_not() -> None:
+    from agents_stream.durable.values import encode_value, plain_json
+
+    assert plain_json(encode_value({"id": 7, "name": "Zoë", "tags": ["a"]})) == (
+        '{"id":7,"name":"Zoë","tags":["a"]}'.encode()
+    )
+    for value in [(1, 2), {"$k": 1}, "$5", float("nan"), "\ud800", {1: "a"}]:
+        assert plain_json(encode_value(value)) is None
+    assert plain_json(b'{"a":1}') is None  # plain JSON of a pre-tagging journal

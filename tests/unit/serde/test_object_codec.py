@@ -7,6 +7,8 @@ must write the same bytes, read the same dataclasses, and fail on the same value
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -215,3 +217,29 @@ def test_buffers_other_than_bytes_decode_alike():
     data = FAST.encode(entry)
     key = entry_key_bytes(entry)
     assert FAST.decode(key, bytearray(data)) == FAST.decode(key, memoryview(data)) == entry
+
+
+@PROPS
+@given(dones, st.sampled_from([FAST, GENERAL, REFERENCE]))
+def test_the_emitted_marker_is_the_entry_encoded_with_emitted_set(done, codec):
+    """The marker flips one byte of the bytes its ActionDone was written with; it must
+    be what encoding the marked entry from scratch gives."""
+    from agents_stream.durable.runner import _emitted
+
+    done = dataclasses.replace(done, emitted=False)
+    assert codec.encode(done) == REFERENCE.encode(dataclasses.replace(done, emitted=False))
+    marked = _emitted(done)
+    expected = REFERENCE.encode(dataclasses.replace(done, emitted=True))
+    assert codec.encode(marked) == expected
+    assert FAST.encode(_emitted(done)) == expected  # another codec's bytes are not used
+    assert FAST.decode(entry_key_bytes(marked), expected) == marked
+
+
+def test_the_marker_of_a_plain_completion_is_not_encoded_again(monkeypatch):
+    from agents_stream.durable.runner import _emitted
+
+    codec = default_journal_codec()
+    done = ActionDone(ActionRef("k", 3, "A.f#0", 1, "orders"), outputs=(b"{}",), emitted=False)
+    codec.encode(done)
+    monkeypatch.setattr(codec, "_encode", lambda entry: pytest.fail("encoded again"))
+    assert codec.decode(b"", codec.encode(_emitted(done))).emitted
