@@ -182,3 +182,28 @@ def test_the_journal_bytes_of_plain_outputs_are_reused_and_tagged_ones_are_not()
     for value in [(1, 2), {"$k": 1}, "$5", float("nan"), "\ud800", {1: "a"}]:
         assert plain_json(encode_value(value)) is None
     assert plain_json(b'{"a":1}') is None  # plain JSON of a pre-tagging journal
+
+
+@given(json_trees | st.dictionaries(st.text(), json_trees) | domain_values)
+def test_the_cached_json_writer_writes_what_json_encoder_does(value: object) -> None:
+    import json
+
+    from agents_stream.durable import values as v
+
+    for canon in (False, True):
+        try:
+            tree = v._encoded_tree(value, canon, "value")
+        except v.UnsupportedValueError:
+            continue
+        reference = json.JSONEncoder(
+            sort_keys=canon, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode(tree)
+        assert v._text(tree, canon) == reference
+
+
+def test_the_cached_json_writer_refuses_what_json_encoder_refuses() -> None:
+    from agents_stream.durable import values as v
+
+    for bad in (float("nan"), {"a": float("inf")}, object(), {"k": {1, 2}}):
+        with pytest.raises((ValueError, TypeError)):
+            v._text(bad, False)
