@@ -149,6 +149,28 @@ class PartitionCache:
         # A snapshot: the producer's thread may change the set meanwhile.
         return any(k.startswith(prefix) for k in tuple(found))
 
+    def record_keys(
+        self, records: Sequence[tuple[int, str]], topic: str, *, legacy: bool = False
+    ) -> list[bytes] | None:
+        """The live call, done and truncation keys of input records ``(seq, key)`` of
+        ``topic`` (and with ``legacy`` their topic-less pre-v5 ones): what
+        :meth:`keys_under` finds under ``keys.record_prefixes``, with one lookup per
+        record, for pruning. None without an index."""
+        live = self._slots
+        if live is None:
+            return None
+        out: list[bytes] = []
+        for seq, key in records:
+            tail = f"\x1f{key}\x1f{seq}\x1f".encode()
+            found = live.get(_record_of(b"c" + tail))  # type: ignore[arg-type]
+            if not found:
+                continue
+            v5 = tail + topic.encode() + b"\x1f"
+            for k in tuple(found):  # a snapshot: acks change the set meanwhile
+                if k.startswith(v5, 1) or (legacy and k.startswith(tail, 1) and _is_legacy(k)):
+                    out.append(k)
+        return out
+
     def clear(self) -> None:
         """Delete every entry (the topic was recreated: rebuilt from scratch)."""
         for key in list(self.db.keys()):

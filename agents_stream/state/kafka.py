@@ -217,19 +217,21 @@ class KafkaActionStateStore(ActionStateStore):
             return
         # A partition that never held a pre-v5 entry has none to prune.
         legacy = (not topic or topic in self.legacy_topics) and cache.has_legacy
-        doomed: list[bytes] = []
-        if topic:
-            doomed += cache.keys_under(
-                [p for seq, key in records for p in keys.record_prefixes(key, seq, topic)]
-            )
-        if legacy:
-            doomed += [
-                k
-                for k in cache.keys_under(
-                    [p for seq, key in records for p in keys.record_prefixes(key, seq)]
+        doomed = cache.record_keys(records, topic, legacy=legacy) if topic else None
+        if doomed is None:
+            doomed = []
+            if topic:
+                doomed += cache.keys_under(
+                    [p for seq, key in records for p in keys.record_prefixes(key, seq, topic)]
                 )
-                if keys.is_legacy(keys.decode_identity(k))
-            ]
+            if legacy:
+                doomed += [
+                    k
+                    for k in cache.keys_under(
+                        [p for seq, key in records for p in keys.record_prefixes(key, seq)]
+                    )
+                    if keys.is_legacy(keys.decode_identity(k))
+                ]
         # Nobody waits for these: a lost tombstone only leaves an entry behind, so the
         # whole commit's tombstones of a partition go as one untracked group.
         self._producer.send_untracked(self.topic, [(k, None) for k in doomed], partition)

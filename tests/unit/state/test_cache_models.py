@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agents_stream.durable import keys
 from agents_stream.state import cache as cache_module
 from agents_stream.state.cache import _RECORD_KINDS, PartitionCache, _is_legacy, _record_of
 
@@ -76,7 +77,14 @@ def raw_scan(cache: PartitionCache, prefix: bytes) -> list[tuple[bytes, bytes]]:
 # Entries of a few input records: v5 keys of two topics sharing key and seq, a legacy
 # (topic-less) layout, ActionDones of actions whose ids prefix one another (#1, #10).
 RECORDS = [(b"k%d" % k, b"%d" % s) for k in range(2) for s in (1, 12, -5)]
-TAILS = [b"orders\x1fA.p#0", b"orders\x1fA.p#1", b"orders\x1fA.p#10", b"refunds\x1fA.p#0", b"A.p#0"]
+TAILS = [
+    b"orders\x1fA.p#0",
+    b"orders2\x1fA.p#0",
+    b"orders\x1fA.p#1",
+    b"orders\x1fA.p#10",
+    b"refunds\x1fA.p#0",
+    b"A.p#0",
+]
 KEYS = [
     kind + b"\x1f" + key + b"\x1f" + seq + b"\x1f" + tail + index
     for key, seq in RECORDS
@@ -126,12 +134,38 @@ def test_the_live_entry_index_agrees_with_rocksdb(
         for group in (PROBES[::3], PROBES[1::4], [p for p in PROBES if p.count(b"\x1f") >= 3]):
             assert c.keys_under(group) == [k for p in sorted(group) for k, _ in raw_scan(c, p)]
 
+    def check_pruning(c: PartitionCache) -> None:
+        records = [(int(seq), key.decode()) for key, seq in RECORDS]
+        for topic in ("orders", "refunds"):
+            for legacy in (False, True):
+                found = c.record_keys(records, topic, legacy=legacy)
+                if c._slots is None:
+                    assert found is None
+                    continue
+                expected = [
+                    k
+                    for seq, key in records
+                    for p in keys.record_prefixes(key, seq, topic)
+                    for k, _ in raw_scan(c, p)
+                ]
+                if legacy:
+                    expected += [
+                        k
+                        for seq, key in records
+                        for p in keys.record_prefixes(key, seq)
+                        for k, _ in raw_scan(c, p)
+                        if keys.is_legacy(keys.decode_identity(k))
+                    ]
+                assert sorted(found) == sorted(expected)
+
     try:
         for offset, (batch, replay) in enumerate(zip(batches, replayed, strict=False), 1):
             cache.apply([(k, b"v" if put else None) for k, put in batch], offset, replay=replay)
             check(cache)
+            check_pruning(cache)
             cache.settle()
             check(cache)
+            check_pruning(cache)
         cache.close()
         reopened = PartitionCache(path)
         check(reopened)
