@@ -141,7 +141,7 @@ def rebuild(bootstrap: str, codec: JournalCodec, partitions: int, data_dir: Path
         data_dir=data_dir,
         bootstrap=bootstrap,
         # 200k live records: a journal that is not pruned, where the worker keeps no
-        # live-slot index (App(prune_completed=False)); a pruned one is small.
+        # live-entry index (App(prune_completed=False)); a pruned one is small.
         index_slots=False,
     )
     try:
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         indexed, scanned = slot_lookups(Path(tmp), pruned)
     print(
         f"call-slot lookup of a new record after {pruned:,} pruned records: "
-        f"{indexed:.1f} us with the live-slot index; {scanned:.1f} us as a RocksDB scan "
+        f"{indexed:.1f} us with the live-entry index; {scanned:.1f} us as a RocksDB scan "
         f"(baseline, {scanned / indexed:.0f}x)"
     )
     print(f"total {time.perf_counter() - started:.1f} s")

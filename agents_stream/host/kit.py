@@ -116,7 +116,7 @@ class DurableHost:
                 data_dir=self.data_dir / "action-state",
                 bootstrap=bootstrap,
                 cancel=cancel,
-                # Only pruning leaves the tombstones the live-slot index is for.
+                # Only pruning leaves the tombstones the live-entry index is for.
                 index_slots=app.prune_completed,
             )
         assert store is not None
