@@ -281,8 +281,10 @@ class PartitionCache:
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         """Entries whose key starts with ``prefix``, in key order."""
-        if not self.may_hold(prefix):
-            return []
+        return self.rocksdb_scan(prefix) if self.may_hold(prefix) else []
+
+    def rocksdb_scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """:meth:`scan` without the index: what RocksDB holds under ``prefix``."""
         out = []
         it = self.db.iter()
         it.seek(prefix)

@@ -62,18 +62,6 @@ def test_keys_under_many_prefixes_is_one_scan_per_prefix(
         cache.close()
 
 
-def raw_scan(cache: PartitionCache, prefix: bytes) -> list[tuple[bytes, bytes]]:
-    """RocksDB alone, no index: the reference."""
-    out = []
-    it = cache.db.iter()
-    it.seek(prefix)
-    while it.valid() and it.key().startswith(prefix):
-        out.append((it.key(), it.value()))
-        it.next()
-    del it
-    return out
-
-
 # Entries of a few input records: v5 keys of two topics sharing key and seq, a legacy
 # (topic-less) layout, ActionDones of actions whose ids prefix one another (#1, #10).
 RECORDS = [(b"k%d" % k, b"%d" % s) for k in range(2) for s in (1, 12, -5)]
@@ -124,7 +112,7 @@ def test_the_live_entry_index_agrees_with_rocksdb(
 
     def check(c: PartitionCache) -> None:
         for probe in PROBES:
-            rows = raw_scan(c, probe)
+            rows = c.rocksdb_scan(probe)
             assert c.scan(probe) == rows
             assert c.get(probe) == c.db.get(probe)
             if c._slots is not None and _record_of(probe) is not None:
@@ -132,7 +120,7 @@ def test_the_live_entry_index_agrees_with_rocksdb(
             else:
                 assert c.may_hold(probe)  # no index, or no record named: RocksDB answers
         for group in (PROBES[::3], PROBES[1::4], [p for p in PROBES if p.count(b"\x1f") >= 3]):
-            assert c.keys_under(group) == [k for p in sorted(group) for k, _ in raw_scan(c, p)]
+            assert c.keys_under(group) == [k for p in sorted(group) for k, _ in c.rocksdb_scan(p)]
 
     def check_pruning(c: PartitionCache) -> None:
         records = [(int(seq), key.decode()) for key, seq in RECORDS]
@@ -146,14 +134,14 @@ def test_the_live_entry_index_agrees_with_rocksdb(
                     k
                     for seq, key in records
                     for p in keys.record_prefixes(key, seq, topic)
-                    for k, _ in raw_scan(c, p)
+                    for k, _ in c.rocksdb_scan(p)
                 ]
                 if legacy:
                     expected += [
                         k
                         for seq, key in records
                         for p in keys.record_prefixes(key, seq)
-                        for k, _ in raw_scan(c, p)
+                        for k, _ in c.rocksdb_scan(p)
                         if keys.is_legacy(keys.decode_identity(k))
                     ]
                 assert sorted(found) == sorted(expected)
