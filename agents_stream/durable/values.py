@@ -340,9 +340,17 @@ def _json_writer(canon: bool) -> Callable[[Any], str]:
     quote = getattr(json.encoder, "c_encode_basestring", None)
     if make is None or quote is None:  # no C accelerator (another interpreter)
         return encoder.encode
-    write = make(None, encoder.default, quote, None, ":", ",", canon, False, False)
+    try:
+        write = make(None, encoder.default, quote, None, ":", ",", canon, False, False)
+    except TypeError:  # another signature than CPython 3.11-3.13's
+        return encoder.encode
     join = "".join
-    return lambda tree: join(write(tree, 0))
+
+    def text(tree: Any) -> str:
+        return join(write(tree, 0))
+
+    probe = {"b": [1, 2.5, None, True, "é\n"], "a": {}}
+    return text if text(probe) == encoder.encode(probe) else encoder.encode
 
 
 _WRITERS = {canon: _json_writer(canon) for canon in (False, True)}
