@@ -25,18 +25,21 @@ from rocksdict import (
 )
 
 CHECKPOINT_KEY = b"\x00checkpoint"
-# Set once the partition holds an entry keyed in the pre-v5 (topic-less) layout: until
-# then no action run can continue under a legacy identity, and the store skips the
-# lookups that would find one (two RocksDB reads and two scans per action run).
+# Set once the partition holds an input record's entry keyed in the pre-v5 (topic-less)
+# layout: until then no action run can continue under a legacy identity, and the store
+# skips the lookups that would find one (two reads and two scans per action run).
+# Timer firings are keyed topic-less by design (their seq is negative) and do not count:
+# they made every partition with a fired timer pay those lookups for every record.
 LEGACY_KEY = b"\x00legacy"
 _RECORD_KINDS = frozenset(b"cat")  # first byte of call, done and truncation keys
 _SEP = b"\x1f"
 _RECORD_HEADS = (b"c" + _SEP, b"a" + _SEP, b"t" + _SEP)  # call, done, truncation keys
 SLOT_INDEX_LIMIT = 20_000  # input records with live entries indexed per partition
 # A legacy key's fourth field is its action id (``kind key seq action ...``), which always
-# holds a ``#``; a v5 key's is the input topic, which never does. One C-level match per
-# applied key instead of a split (a rebuild applies every record of the topic).
-_LEGACY = re.compile(rb"[cat]\x1f[^\x1f]*\x1f[^\x1f]*\x1f[^\x1f#]*#")
+# holds a ``#``; a v5 key's is the input topic, which never does. An input record's seq
+# is its offset, never negative (a timer firing's is). One C-level match per applied key
+# instead of a split (a rebuild applies every record of the topic).
+_LEGACY = re.compile(rb"[cat]\x1f[^\x1f]*\x1f(?!-)[^\x1f]*\x1f[^\x1f#]*#")
 
 
 MEMORY_ENV = "AGENTS_STREAM_CACHE_MEMORY_MB"
@@ -153,9 +156,9 @@ class PartitionCache:
         self, records: Sequence[tuple[int, str]], topic: str, *, legacy: bool = False
     ) -> list[bytes] | None:
         """The live call, done and truncation keys of input records ``(seq, key)`` of
-        ``topic`` (and with ``legacy`` their topic-less pre-v5 ones): what
-        :meth:`keys_under` finds under ``keys.record_prefixes``, with one lookup per
-        record, for pruning. None without an index."""
+        ``topic`` (seq: the offset; with ``legacy`` also their topic-less pre-v5 ones):
+        what :meth:`keys_under` finds under ``keys.record_prefixes``, with one lookup
+        per record, for pruning. None without an index."""
         live = self._slots
         if live is None:
             return None
@@ -364,6 +367,7 @@ def _index_key(live: dict[bytes, set[bytes]], key: bytes) -> bool:
 
 
 def _is_legacy(key: bytes) -> bool:
-    """A call/done/truncation key without the input topic (``kind key seq action ...``):
-    its fourth field is the action id, which always contains ``#`` (topics never do)."""
+    """An input record's call/done/truncation key without the input topic (``kind key
+    seq action ...``): its fourth field is the action id, which always contains ``#``
+    (topics never do), and its seq is not negative (a timer firing's is)."""
     return _LEGACY.match(key) is not None

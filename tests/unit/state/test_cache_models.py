@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents_stream.durable import keys
+from agents_stream.durable.journal import ActionRef
 from agents_stream.state import cache as cache_module
 from agents_stream.state.cache import _RECORD_KINDS, PartitionCache, _is_legacy, _record_of
 
@@ -20,10 +21,12 @@ def reference(key: bytes) -> bool:
     if not key or key[0] not in _RECORD_KINDS:
         return False
     parts = key.split(b"\x1f", 4)
-    return len(parts) > 3 and b"#" in parts[3]
+    return len(parts) > 3 and b"#" in parts[3] and not parts[2].startswith(b"-")
 
 
-fields = st.lists(st.binary(max_size=6) | st.sampled_from([b"#", b"A.f#0", b"orders", b""]))
+fields = st.lists(
+    st.binary(max_size=6) | st.sampled_from([b"#", b"A.f#0", b"orders", b"", b"-5", b"12"])
+)
 kinds = st.sampled_from([b"c", b"a", b"t", b"m", b"", b"\x00"])
 
 
@@ -31,6 +34,19 @@ kinds = st.sampled_from([b"c", b"a", b"t", b"m", b"", b"\x00"])
 def test_the_match_agrees_with_the_field_split(kind: bytes, parts: list[bytes]) -> None:
     key = b"\x1f".join([kind, *parts]) if kind or parts else b""
     assert _is_legacy(key) == reference(key)
+
+
+def test_timer_firings_do_not_flag_the_partition_legacy(tmp_path: Path) -> None:
+    """A timer firing is keyed without a topic (seq -(ts + 1)); an input record's
+    pre-v5 entry flags the partition, and the flag outlives a reopening."""
+    firing = ActionRef("k", -1_700_000_000_001, "A.on_timer#t0", 0, "")
+    cache = PartitionCache(tmp_path / "p0")
+    cache.apply([(keys.done_key(firing), b"v"), (keys.call_key(firing, 0), b"v")], 1)
+    assert not cache.has_legacy
+    cache.apply([(keys.done_key(ActionRef("k", 7, "A.p#0", 0, "")), b"v")], 2)
+    assert cache.has_legacy
+    cache.close()
+    assert PartitionCache(tmp_path / "p0").has_legacy
 
 
 def test_replayed_batches_are_settled_before_a_logged_write(tmp_path: Path) -> None:
@@ -123,7 +139,8 @@ def test_the_live_entry_index_agrees_with_rocksdb(
             assert c.keys_under(group) == [k for p in sorted(group) for k, _ in c.rocksdb_scan(p)]
 
     def check_pruning(c: PartitionCache) -> None:
-        records = [(int(seq), key.decode()) for key, seq in RECORDS]
+        # Input records: pruning never sees a timer firing's (negative) seq.
+        records = [(int(seq), key.decode()) for key, seq in RECORDS if int(seq) >= 0]
         for topic in ("orders", "refunds"):
             for legacy in (False, True):
                 found = c.record_keys(records, topic, legacy=legacy)
