@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from agents_stream import App
 from agents_stream.durable.journal import ActionDone, ActionRef
 from agents_stream.spark.frames import ActionStateWriter
+from agents_stream.spark.jobs import audit
 from agents_stream.spark.jobs.audit import run_audit
 from agents_stream.testing.topics import create_topics, produce, read_topic
 from tests.apps.spark_app import Pipeline
@@ -72,6 +73,7 @@ def test_audit_counts_known_anomalies(spark, broker, topic_factory, worker_facto
     assert (dup_row["key"], dup_row["records"], dup_row["expected"]) == (dup.key, 3, 1)
 
     assert json.loads((out / "summary.json").read_text()) == s
+    _same_audit_in_spark(spark, env.app(), broker.bootstrap, result, now_ms)
     assert spark.read.parquet(str(out / "stuck")).count() == 1
     page = (out / "report.html").read_text()
     assert "<svg" in page and "Pipeline.process SUCCEEDED" in page
@@ -127,3 +129,35 @@ def test_audit_matches_inputs_by_topic_with_pre_v5_entries_on_the_first(
         for r in result.tables["duplicate_outputs"].collect()
     ]
     assert dups == [(out_a, 2, 1)]
+
+
+def _rows(frame, drop=()):
+    return sorted(
+        (
+            tuple(sorted((k, v) for k, v in r.asDict().items() if k not in drop))
+            for r in frame.collect()
+        ),
+        key=repr,
+    )
+
+
+def _same_audit_in_spark(spark, app, bootstrap, result, now_ms):
+    """The one-pass audit (readers finish each partition, the driver merges) equals the
+    audit computed in Spark from the decoded journal: when a partition is split over
+    readers, and when the view is too large to collect."""
+    kwargs = dict(stuck_after_s=300, now_ms=now_ms, inputs=False, outputs=False)
+    split = run_audit(spark, app, bootstrap, None, maxRecordsPerPartition=7, **kwargs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(audit, "VIEW_ROW_LIMIT", 0)  # every partition overflows
+        overflow = run_audit(spark, app, bootstrap, None, **kwargs)
+    journal_only = {
+        k: v for k, v in result.summary.items() if not k.startswith(("inputs_", "duplicate_"))
+    }
+    for other in (split, overflow):
+        assert other.summary == journal_only
+        for name in ("status_counts", "in_flight", "stuck", "truncations", "undecodable"):
+            assert _rows(other.tables[name]) == _rows(result.tables[name]), name
+        examples = ("example_message", "example_call_id")  # any row of the group
+        assert _rows(other.tables["failures"], examples) == _rows(
+            result.tables["failures"], examples
+        )

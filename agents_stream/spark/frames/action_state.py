@@ -26,7 +26,7 @@ in :func:`read_journal` only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
@@ -43,7 +43,15 @@ if TYPE_CHECKING:
 
     from ..source.options import OffsetSpec
 
-__all__ = ["action_states", "compact", "decode_journal", "read_action_states", "read_journal"]
+__all__ = [
+    "action_states",
+    "compact",
+    "decode_journal",
+    "read_action_states",
+    "read_audit_view",
+    "read_journal",
+    "splits_partitions",
+]
 
 CALL_FIELDS = (
     "index",
@@ -146,7 +154,7 @@ def read_journal(
         ``undecodable``.
     """
     topic, registry = _target(app_or_topic, registry_url)
-    if {k.lower() for k in options} & {"maxrecordsperpartition", "minpartitions"}:
+    if splits_partitions(options):
         # A Kafka partition split over several readers: compaction needs the shuffle.
         raw = read_kafka(
             spark, bootstrap, topic, starting, ending, includeHeaders="false", **options
@@ -154,14 +162,68 @@ def read_journal(
         return decode_journal(
             compact(raw), registry_url=registry, topic=topic, include_raw=include_raw
         )
+    return _journal_source(
+        spark, bootstrap, topic, registry, starting, ending, options, include_raw=include_raw
+    )
+
+
+def splits_partitions(options: Mapping[str, Any]) -> bool:
+    """Whether read ``options`` split a Kafka partition over several readers
+    (``maxRecordsPerPartition``, ``minPartitions``): compaction then needs a shuffle."""
+    return bool({k.lower() for k in options} & {"maxrecordsperpartition", "minpartitions"})
+
+
+def _journal_source(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    registry: str | None,
+    starting: str | OffsetSpec,
+    ending: str | OffsetSpec,
+    options: Mapping[str, Any],
+    *,
+    include_raw: bool = False,
+    view: str = "rows",
+    view_row_limit: int | None = None,
+) -> DataFrame:
     opts = source_options(bootstrap, topic, starting=starting, ending=ending, **options)
     KafkaSourceOptions.from_options(opts)  # mistakes raise here, typed, not in a Java trace
     if registry:
         opts["journal.registryUrl"] = registry
         opts["journal.topic"] = topic
     opts["journal.includeRaw"] = "true" if include_raw else "false"
+    opts["journal.view"] = view
+    if view_row_limit is not None:
+        opts["journal.viewRowLimit"] = str(view_row_limit)
     spark.dataSource.register(JournalDataSource)
     return spark.read.format(JOURNAL_SOURCE_NAME).options(**opts).load()
+
+
+def read_audit_view(
+    spark: SparkSession,
+    bootstrap: str,
+    app_or_topic: App | str,
+    *,
+    starting: str | OffsetSpec = "earliest",
+    ending: str | OffsetSpec = "latest",
+    registry_url: str | None = None,
+    row_limit: int | None = None,
+    **options: Any,
+) -> DataFrame:
+    """The audit's one-pass view of the ActionState topic: each partition's reader
+    compacts and decodes it and yields its partial audit results
+    (:mod:`~agents_stream.spark.frames.journal_audit`), not its rows. With ``row_limit``,
+    a partition with more rows than that yields an ``overflow`` row instead.
+
+    Raises:
+        KafkaSourceOptionError: ``options`` split a partition over several readers
+            (:func:`splits_partitions`); a reader must see its whole partition.
+    """
+    topic, registry = _target(app_or_topic, registry_url)
+    return _journal_source(
+        spark, bootstrap, topic, registry, starting, ending, options, view="audit",
+        view_row_limit=row_limit,
+    )  # fmt: skip
 
 
 def action_states(journal: DataFrame) -> DataFrame:

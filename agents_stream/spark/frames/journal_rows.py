@@ -37,7 +37,7 @@ from ...serde.journal import JournalCodec, default_journal_codec
 _ACTION_ORDINAL = re.compile(r"#\d+$")
 
 # (name, Arrow type, Spark DDL type): the single definition both schemas derive from.
-_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+JOURNAL_TYPES: list[tuple[str, pa.DataType, str]] = [
     ("partition", pa.int32(), "INT"),
     ("offset", pa.int64(), "BIGINT"),
     ("timestamp_ms", pa.int64(), "BIGINT"),
@@ -79,13 +79,13 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("topic", pa.string(), "STRING"),
 ]
 
-JOURNAL_COLUMNS: list[str] = [name for name, _, _ in _COLUMNS]
+JOURNAL_COLUMNS: list[str] = [name for name, _, _ in JOURNAL_TYPES]
 """Column names of a decoded journal row, in order."""
 
-JOURNAL_ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in _COLUMNS])
+JOURNAL_ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in JOURNAL_TYPES])
 """Arrow schema of decoded journal rows (what :func:`decode_batches` yields)."""
 
-JOURNAL_DDL = ", ".join(f"`{name}` {ddl}" for name, _, ddl in _COLUMNS)
+JOURNAL_DDL = ", ".join(f"`{name}` {ddl}" for name, _, ddl in JOURNAL_TYPES)
 """Spark DDL schema of decoded journal rows."""
 
 KINDS = ("call", "done", "memory", "truncation", "progress", "undecodable")

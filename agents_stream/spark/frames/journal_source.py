@@ -11,7 +11,11 @@ Compacting in the reader needs each Kafka partition read by one reader, so the o
 that split ranges (``maxRecordsPerPartition``, ``minPartitions``) are refused here;
 :func:`~agents_stream.spark.frames.action_state.read_journal` takes the shuffle path for
 them. Options: those of ``agents_stream.kafka`` plus ``journal.registryUrl`` (Confluent
-framed values), ``journal.topic`` (its subject's topic) and ``journal.includeRaw``.
+framed values), ``journal.topic`` (its subject's topic), ``journal.includeRaw`` and
+``journal.view``: ``rows`` (the default: journal rows) or ``audit`` (the audit's partial
+results per partition, :mod:`.journal_audit`, instead of the rows; with
+``journal.viewRowLimit``, a partition with more rows than that yields an ``overflow`` row
+instead).
 """
 
 from __future__ import annotations
@@ -25,13 +29,21 @@ from ..source.datasource import KafkaRangePartition
 from ..source.errors import KafkaSourceOptionError
 from ..source.offsets import plan_offset_ranges
 from ..source.options import KafkaSourceOptions
+from .journal_audit import AUDIT_DDL
 from .journal_rows import JOURNAL_DDL
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 JOURNAL_SOURCE_NAME = "agents_stream.journal"
-_OWN = ("journal.registryurl", "journal.topic", "journal.includeraw")
+_OWN = (
+    "journal.registryurl",
+    "journal.topic",
+    "journal.includeraw",
+    "journal.view",
+    "journal.viewrowlimit",
+)
+_VIEWS = ("rows", "audit")
 _SPLITTING = ("maxrecordsperpartition", "minpartitions")
 
 
@@ -58,7 +70,7 @@ class JournalDataSource(DataSource):
         return JOURNAL_SOURCE_NAME
 
     def schema(self) -> str:
-        return JOURNAL_DDL
+        return AUDIT_DDL if _view(self.options) == "audit" else JOURNAL_DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
         kafka, own = _split(self.options)
@@ -67,7 +79,18 @@ class JournalDataSource(DataSource):
             registry_url=own.get("journal.registryurl") or None,
             topic=own.get("journal.topic") or None,
             include_raw=own.get("journal.includeraw", "false").lower() == "true",
+            view=_view(self.options),
+            view_row_limit=int(own["journal.viewrowlimit"])
+            if "journal.viewrowlimit" in own
+            else None,
         )
+
+
+def _view(options: Mapping[str, str]) -> str:
+    view = next((str(v) for k, v in options.items() if str(k).lower() == "journal.view"), "rows")
+    if view.lower() not in _VIEWS:
+        raise KafkaSourceOptionError(f"must be one of {', '.join(_VIEWS)}", option="journal.view")
+    return view.lower()
 
 
 class JournalRangeReader(DataSourceReader):
@@ -80,11 +103,15 @@ class JournalRangeReader(DataSourceReader):
         registry_url: str | None,
         topic: str | None,
         include_raw: bool,
+        view: str = "rows",
+        view_row_limit: int | None = None,
     ) -> None:
         self.options = options
         self.registry_url = registry_url
         self.topic = topic
         self.include_raw = include_raw
+        self.view = view
+        self.view_row_limit = view_row_limit
 
     def partitions(self) -> Sequence[InputPartition]:
         return [KafkaRangePartition(r) for r in plan_offset_ranges(self.options)]
@@ -107,4 +134,9 @@ class JournalRangeReader(DataSourceReader):
             )
         )
         codec = default_journal_codec(self.registry_url, self.topic)
+        if self.view == "audit":
+            from .journal_audit import audit_batch
+
+            yield audit_batch(codec, live, rng.partition, row_limit=self.view_row_limit)
+            return
         yield from journal_batches_of(codec, live, rng.partition, include_raw=self.include_raw)
