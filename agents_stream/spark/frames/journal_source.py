@@ -119,9 +119,8 @@ class JournalRangeReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # Executor-side imports: the codec and the consumer are only needed where
         # records are read.
-        from ...serde.journal import default_journal_codec
         from ..source.record_reader import read_messages
-        from .journal_rows import journal_batches_of, live_records
+        from .journal_rows import journal_batches_of, live_records, reader_codec
 
         assert isinstance(partition, KafkaRangePartition)
         rng = partition.range
@@ -133,7 +132,7 @@ class JournalRangeReader(DataSourceReader):
                 fail_on_data_loss=self.options.fail_on_data_loss,
             )
         )
-        codec = default_journal_codec(self.registry_url, self.topic)
+        codec = reader_codec(self.registry_url, self.topic)
         if self.view == "audit":
             from .journal_audit import audit_batch
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,7 +80,7 @@ class AuditResult:
     """Summary figures, the audit tables (lazy DataFrames) and where they were written."""
 
     summary: dict[str, Any]
-    tables: dict[str, DataFrame]
+    tables: Mapping[str, DataFrame]
     out_dir: Path | None = None
     reports: list[Path] = field(default_factory=list)
 
@@ -334,7 +334,7 @@ def run_audit(
     heads: dict[str, pa.Table] = {}
     if one_pass is not None:
         heads, figures = one_pass
-        tables = {name: _frame(spark, table) for name, table in heads.items()}
+        tables: dict[str, DataFrame] = {}
         if joins:
             journal = read_journal(spark, bootstrap, app, **read_options).drop("raw_value").cache()
     else:
@@ -360,7 +360,7 @@ def run_audit(
             assert journal is not None and states is not None
             figures = _journal_figures(journal, states, records, now_ms, stuck_after_ms)
         summary = _summary(app, figures, tables, now_ms, stuck_after_s)
-    result = AuditResult(summary, tables)
+    result = AuditResult(summary, AuditTables(spark, heads, tables))
     if out_dir is not None:
         with step(
             spark,
@@ -368,7 +368,7 @@ def run_audit(
             f"write Parquet tables and reports to {out_dir}",
             records=topic_records,
         ):
-            _write(result, Path(out_dir), app, heads)
+            _write(result, Path(out_dir), app)
     if states is not None:
         states.unpersist()
     if journal is not None:
@@ -417,9 +417,34 @@ def _one_pass(
     return merge_audit(collected, now_ms=now_ms, stuck_after_ms=stuck_after_ms)
 
 
-def _frame(spark: SparkSession, table: pa.Table) -> DataFrame:
-    """A table computed on the driver as a DataFrame (no Spark job until it is used)."""
-    return spark.createDataFrame(table)
+class AuditTables(Mapping[str, "DataFrame"]):
+    """The audit's tables by name, in :data:`TABLES` order. Those the driver computed
+    (the one-pass journal tables) become DataFrames only when asked for: creating one
+    costs ~20 ms of the driver's time, and the audit itself writes them without Spark."""
+
+    def __init__(
+        self, spark: SparkSession, computed: Mapping[str, pa.Table], frames: dict[str, DataFrame]
+    ) -> None:
+        self._spark, self._computed, self._frames = spark, computed, frames
+
+    def __getitem__(self, name: str) -> DataFrame:
+        frame = self._frames.get(name)
+        if frame is None:
+            if name not in self._computed:
+                raise KeyError(name)
+            frame = self._frames[name] = self._spark.createDataFrame(self._computed[name])
+        return frame
+
+    def __iter__(self) -> Iterator[str]:
+        present = self._frames.keys() | self._computed.keys()
+        return iter([name for name in TABLES if name in present])
+
+    def __len__(self) -> int:
+        return len(self._frames.keys() | self._computed.keys())
+
+    def arrow(self, name: str) -> pa.Table | None:
+        """The table as the driver computed it, or ``None`` if Spark computes it."""
+        return self._computed.get(name)
 
 
 def _missing_inputs(spark: SparkSession, app: App, bootstrap: str, journal: DataFrame) -> DataFrame:
@@ -602,18 +627,21 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
     (path / "_SUCCESS").touch()
 
 
-def _write(result: AuditResult, out_dir: Path, app: App, computed: Mapping[str, pa.Table]) -> None:
-    """Writes the tables (those in ``computed`` from the driver, whole) and the reports."""
+def _write(result: AuditResult, out_dir: Path, app: App) -> None:
+    """Writes the tables (those the driver computed from the driver, whole) and reports."""
     out_dir.mkdir(parents=True, exist_ok=True)
     sections: list[report.Section] = []
-    for name, table in result.tables.items():
+    tables = result.tables
+    for name in tables:
         # At most one Spark job per table: the first rows the report shows are the whole
         # table in the common case, and the driver writes them (out_dir is local: the
         # reports are written there too). A larger table is written by Spark.
-        if name in computed:
-            head = computed[name]
+        computed = tables.arrow(name) if isinstance(tables, AuditTables) else None
+        if computed is not None:
+            head = computed
             _write_parquet(head, out_dir / name)
         else:
+            table = tables[name]
             head = table.limit(_REPORT_ROWS + 1).toArrow()
             if head.num_rows <= _REPORT_ROWS:
                 _write_parquet(head, out_dir / name)
