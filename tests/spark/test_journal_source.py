@@ -114,6 +114,22 @@ def test_splitting_options_are_refused_by_the_journal_source():
         _split({"maxRecordsPerPartition": "10", "subscribe": "t"})
 
 
+def test_the_audit_view_options_are_checked_by_name():
+    from agents_stream.spark.frames.journal_audit import AUDIT_DDL
+    from agents_stream.spark.frames.journal_source import JournalDataSource
+
+    def source(**options: str) -> JournalDataSource:
+        return JournalDataSource({"subscribe": "t", "kafka.bootstrap.servers": "x:1", **options})
+
+    assert source(**{"journal.view": "AUDIT"}).schema() == AUDIT_DDL
+    with pytest.raises(KafkaSourceOptionError, match=r"journal\.view: must be one of rows, audit"):
+        source(**{"journal.view": "summary"}).schema()
+    with pytest.raises(KafkaSourceOptionError, match=r"journal\.viewRowLimit"):
+        source(**{"journal.view": "audit", "journal.viewRowLimit": "many"}).reader(None)
+    reader = source(**{"journal.view": "audit", "journal.viewRowLimit": "500"}).reader(None)
+    assert (reader.view, reader.view_row_limit) == ("audit", 500)
+
+
 @pytest.mark.spark
 def test_audit_state_counts_give_the_tables_of_action_states(spark):
     """The audit's light per-state counts give the same in_flight table and counts as

@@ -80,9 +80,7 @@ class JournalDataSource(DataSource):
             topic=own.get("journal.topic") or None,
             include_raw=own.get("journal.includeraw", "false").lower() == "true",
             view=_view(self.options),
-            view_row_limit=int(own["journal.viewrowlimit"])
-            if "journal.viewrowlimit" in own
-            else None,
+            view_row_limit=_row_limit(own.get("journal.viewrowlimit")),
         )
 
 
@@ -91,6 +89,16 @@ def _view(options: Mapping[str, str]) -> str:
     if view.lower() not in _VIEWS:
         raise KafkaSourceOptionError(f"must be one of {', '.join(_VIEWS)}", option="journal.view")
     return view.lower()
+
+
+def _row_limit(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise KafkaSourceOptionError(
+            "must be a whole number of rows", option="journal.viewRowLimit"
+        )
+    return int(value)
 
 
 class JournalRangeReader(DataSourceReader):

@@ -212,9 +212,11 @@ def missing_inputs(
         legacy_topic: the input topic owning pre-v5 entries (the app's first input
             topic, ``App.input_topics[0]``).
     """
+    # state_counts, not action_states: only completion counts here, and counting
+    # aggregates before the shuffle where collecting call structs does not.
     per_record = (
-        action_states(journal)
-        .withColumn("agent", _agent_of(F.col("action_name")))
+        state_counts(journal)
+        .withColumn("agent", _agent_of(F.col("action")))
         .withColumn("topic", input_topic(F.col("topic"), legacy_topic))
         .groupBy("agent", "topic", "partition", "key", "seq")
         .agg(F.min(F.col("completed").cast("int")).alias("all_done"))
