@@ -121,6 +121,7 @@ class ExecutionController:
         self._capacity.set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._room: list[tuple[int, asyncio.Future[None]]] = []  # wait_for_slots
         self.peak_in_flight = 0
 
     @property
@@ -142,6 +143,13 @@ class ExecutionController:
 
     async def wait_for_capacity(self) -> None:
         await self._capacity.wait()
+
+    async def wait_for_slots(self, slots: int) -> None:
+        """Return once at least ``slots`` records can be admitted (or none is in flight)."""
+        while self.free_slots < slots and self._in_flight:
+            waiter = asyncio.get_running_loop().create_future()
+            self._room.append((slots, waiter))
+            await waiter
 
     def submit(
         self, key: Hashable, group: Hashable, work: Work | Batched, done: Callable[[bool], None]
@@ -285,8 +293,21 @@ class ExecutionController:
             self._unblock()
         if self.has_capacity:
             self._capacity.set()
+            if self._room:
+                self._wake_room()
         if self._in_flight == 0 and not self._waiting:
             self._idle.set()
+
+    def _wake_room(self) -> None:
+        free, kept = self.free_slots, []
+        for slots, waiter in self._room:
+            if waiter.done():
+                continue
+            if free >= slots or not self._in_flight:
+                waiter.set_result(None)
+            else:
+                kept.append((slots, waiter))
+        self._room = kept
 
     async def join(self) -> None:
         """Wait until nothing is admitted, waiting or running (timers included)."""
