@@ -468,3 +468,30 @@ def test_draining_a_lane_abandons_what_its_batch_did_not_report() -> None:
     assert abandoned == 2  # offset 0 (cancelled in its batch) and 2 (buffered)
     assert sorted(lanes.done) == [(0, False), (1, True), (2, False), (9, True)]
     assert lanes.controller.in_flight == 0
+
+
+def test_wait_for_slots_returns_once_that_many_records_can_be_admitted():
+    """The worker consumes again only from a low-water mark of free slots: the wait
+    must end when enough records finished, not at the first free slot."""
+
+    async def main() -> list[int]:
+        controller = ExecutionController(max_in_flight=4)
+        gates = [asyncio.Event() for _ in range(4)]
+        for n, gate in enumerate(gates):
+            controller.submit(f"k{n}", "p0", gate.wait, lambda ok: None)
+        await asyncio.sleep(0)
+        seen: list[int] = []
+        waiter = asyncio.ensure_future(controller.wait_for_slots(3))
+        for gate in gates[:3]:
+            gate.set()
+            await asyncio.sleep(0.01)
+            seen.append(int(waiter.done()))
+        await waiter
+        assert controller.free_slots >= 3
+        gates[3].set()
+        await controller.join()
+        # Nothing in flight: the wait returns at once, whatever it asks for.
+        await asyncio.wait_for(controller.wait_for_slots(100), 1)
+        return seen
+
+    assert run(main()) == [0, 0, 1]
