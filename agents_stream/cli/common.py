@@ -85,8 +85,11 @@ def add_log_args(parser: argparse.ArgumentParser) -> None:
 
 
 def setup_logging(level: str) -> None:
+    # A worker started by ``worker --processes N`` says which of them it is.
+    index = os.environ.get("AGENTS_STREAM_PROCESS_INDEX")
+    where = f" process-{index}" if index else ""
     logging.basicConfig(
         level=getattr(logging, level.upper()),
-        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
+        format=f"[%(asctime)s]{where} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -17,6 +17,7 @@ from ..app import BROKER_ENV, App
 from ..errors import AgentsStreamError, ConfigurationError
 from ..kafka.config import scrub, url_secrets
 from .common import add_app_args, load_app, setup_logging
+from .processes import parse_processes
 
 log = logging.getLogger("agents_stream.cli")
 
@@ -100,6 +101,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "topic, partition, offset, key (default text, $AGENTS_STREAM_LOG_FORMAT)",
     )
     p.add_argument(
+        "--processes",
+        type=parse_processes,
+        default=os.environ.get("AGENTS_STREAM_PROCESSES", "1"),
+        metavar="N",
+        help="run N worker processes (auto: one per CPU) under this command, each with "
+        "<data dir>/process-<i>, metrics port + i and worker id <id>-<i>; a crashed one is "
+        "restarted, SIGTERM stops all (default 1, $AGENTS_STREAM_PROCESSES)",
+    )
+    p.add_argument(
         "--rerun-completed",
         action="store_true",
         help="DANGER: run records below their partition's completed-through marker again "
@@ -147,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
             log.warning(
                 "started an embedded in-memory broker on %s (development only)", embedded.url
             )
+        if getattr(args, "processes", 1) > 1:
+            signal.signal(signal.SIGTERM, previous)  # the supervisor installs its own
+            return _supervise(args, app, broker if args.broker or embedded else None)
         worker = Worker(
             app,
             broker=broker,
@@ -187,6 +200,49 @@ def run(args: argparse.Namespace) -> int:
             metrics.close()
         if embedded is not None:
             embedded.stop()
+
+
+def _supervise(args: argparse.Namespace, app: App, broker: str | None) -> int:
+    """``--processes N``: N children running this command with ``--processes 1``."""
+    from pathlib import Path
+
+    from .processes import STARTUP_GRACE, Supervisor, child_args
+
+    # Only what this command was given: a broker from the environment or the App is
+    # resolved by each child the same way (and its credentials stay off command lines).
+    base = ["-A", args.app, "--loglevel", args.loglevel, "--processes", "1"]
+    base += ["--shutdown-timeout", str(args.shutdown_timeout)]
+    base += ["--startup-timeout", str(args.startup_timeout)]
+    base += ["--metrics-host", args.metrics_host, "--log-format", args.log_format]
+    if broker is not None:
+        base += ["--broker", broker]
+    for flag, value in (
+        ("--kafka-config", args.kafka_config),
+        ("--max-in-flight", args.max_in_flight),
+        ("--replication-factor", args.replication_factor),
+        ("--min-insync-replicas", args.min_insync_replicas),
+    ):
+        if value is not None:
+            base += [flag, str(value)]
+    if args.rerun_completed:
+        base.append("--rerun-completed")
+    data_dir = Path(args.data_dir or app.data_dir or ".agents-stream")
+    children = [
+        child_args(
+            base,
+            i,
+            data_dir=data_dir,
+            metrics_port=args.metrics_port,
+            worker_id=args.worker_id,
+        )
+        for i in range(args.processes)
+    ]
+    supervisor = Supervisor(
+        children,
+        startup_window=args.startup_timeout + STARTUP_GRACE,
+        stop_timeout=args.shutdown_timeout,
+    )
+    return supervisor.run()
 
 
 def _debug() -> bool:

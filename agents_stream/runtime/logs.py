@@ -3,13 +3,15 @@
 Every line has ``ts`` (ISO 8601, UTC), ``level``, ``logger`` and ``message``; a line about
 a record also has ``topic``, ``partition``, ``offset`` and ``key``, passed by the caller
 as ``extra=record_fields(...)`` so a query can find every line of one record without
-parsing messages. Tracebacks go to ``exc_info`` as one string.
+parsing messages. Tracebacks go to ``exc_info`` as one string. A worker started by
+``worker --processes N`` adds ``process`` (its index).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +25,11 @@ def record_fields(topic: str, partition: int, offset: int, key: str | None) -> d
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        index = os.environ.get("AGENTS_STREAM_PROCESS_INDEX")
+        self.process = int(index) if index and index.isdigit() else None
+
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
@@ -30,6 +37,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.process is not None:
+            line["process"] = self.process
         for name in RECORD_FIELDS:
             value = getattr(record, name, None)
             if value is not None:

@@ -283,3 +283,31 @@ def test_cli_does_not_import_test_helpers() -> None:
         "assert not [m for m in sys.modules if m.startswith('agents_stream.testing')], sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_processes_fail_fast_on_an_unreachable_broker() -> None:
+    # Every child fails during startup: the command stops them all and ends with one
+    # line naming the fix, the children's reason included.
+    cmd = _cmd("tests.apps.ops_app", "-b", UNREACHABLE, "--startup-timeout", "2")
+    rc, out, took = _run([*cmd, "--processes", "2"], _env())
+    assert rc == 1, out
+    last = [line for line in out.splitlines() if line.strip()][-1]
+    assert "CRITICAL" in last and "failed during startup (exit code 1)" in last, out
+    assert f"cannot reach the Kafka cluster at {UNREACHABLE} within 2s" in last, out
+    assert "Traceback" not in out, out
+    assert took < 15, out
+
+
+def test_processes_check_the_app_before_starting_any() -> None:
+    cmd = _cmd("tests.apps.ops_ap", "-b", UNREACHABLE, "--processes", "3")
+    rc, out, took = _run(cmd, _env())
+    assert rc == 1
+    _assert_one_line(out, "cannot import app module 'tests.apps.ops_ap'", "fix -A")
+    assert took < 10
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_processes_rejects_a_bad_count(value: str) -> None:
+    rc, out, _ = _run(_cmd("tests.apps.ops_app", "--processes", value), _env())
+    assert rc == 2
+    assert "expected a positive number or 'auto'" in out, out
