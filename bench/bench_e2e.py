@@ -7,8 +7,9 @@ records' timestamps, so group joins and process start-up do not count; ``ratio``
 against the raw confluent-kafka consume->produce loop of the same run, and for journaled
 agents_stream rows also against the raw journal-before-output loop (``vs journal``).
 
-Several processes of one group are started first, and the backlog is produced once their
-``/metrics`` show every partition assigned: otherwise the second process's join (~3 s on
+The two-process row is one ``agents-stream worker --processes 2`` command (a supervisor
+and two worker processes in one group). Its workers are started first, and the backlog is
+produced once their ``/metrics`` show every partition assigned: otherwise the second process's join (~3 s on
 the embedded broker) lands in the middle of a drain of a few seconds, and the row
 measures when it joined rather than how two processes share the work.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -117,7 +119,9 @@ def start(
 ) -> list[subprocess.Popen[bytes]]:
     py = sys.executable
     procs = []
-    for n in range(variant.processes):
+    # agents_stream runs its processes under one command (worker --processes N).
+    commands = 1 if variant.system == "agents" else variant.processes
+    for n in range(commands):
         log = open(tmp / f"{variant.system}-{n}.log", "wb")  # noqa: SIM115 - lives with the process
         if variant.system == "agents":
             app_id = f"bench-{topic_in}"
@@ -134,8 +138,10 @@ def start(
                 "--broker", f"kafka://{bootstrap}", "--data-dir", str(tmp / f"data-{n}"),
                 "-l", "warning",
             ]  # fmt: skip
-            if metrics_ports:
-                cmd += ["--metrics-port", str(metrics_ports[n])]
+            if variant.processes > 1:
+                cmd += ["--processes", str(variant.processes)]
+            if metrics_ports:  # consecutive: child i serves the first one + i
+                cmd += ["--metrics-port", str(metrics_ports[0])]
         else:
             env = dict(os.environ)
             state_topic = f"{topic_in}-journal"
@@ -147,6 +153,21 @@ def start(
             ]  # fmt: skip
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp))
     return procs
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` consecutive free ports (``worker --processes`` numbers them from one)."""
+    for _ in range(100):
+        base = free_port()
+        ports = list(range(base, base + count))
+        try:
+            for port in ports[1:]:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return ports
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def wait_assigned(ports: list[int], procs: list[subprocess.Popen[bytes]], timeout: float) -> str:
@@ -260,7 +281,7 @@ def main() -> int:
             settle_first = variant.system == "agents" and variant.processes > 1
             fill(broker.bootstrap, topic_in, 0 if settle_first else records)
             create_topic(broker.bootstrap, topic_out, PARTITIONS)
-            ports = [free_port() for _ in range(variant.processes)] if settle_first else None
+            ports = free_ports(variant.processes) if settle_first else None
             procs = start(variant, broker.bootstrap, topic_in, topic_out, tmp, ports)
             try:
                 error = wait_assigned(ports, procs, 90) if ports else ""
@@ -277,7 +298,7 @@ def main() -> int:
             if error:
                 tail = b"".join(
                     (tmp / f"{variant.system}-{n}.log").read_bytes()[-400:]
-                    for n in range(variant.processes)
+                    for n in range(len(procs))
                 )
                 error += " | " + tail.decode(errors="replace").strip().replace("\n", " / ")[-300:]
             rows.append((variant.name, rate, error))
