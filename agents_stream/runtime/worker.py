@@ -339,7 +339,7 @@ class Worker(CommitProtocol, Rebalancing):
             if slots == 0:  # records waiting for admission, none in flight: a moment
                 await asyncio.sleep(0.01)
                 continue
-            msgs = await self._on_kafka(self.consumer.consume, min(slots, CONSUME_BATCH), 0.1)
+            msgs = await self._on_kafka(self._consume, min(slots, CONSUME_BATCH))
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -349,6 +349,18 @@ class Worker(CommitProtocol, Rebalancing):
                         log.warning("consumer error: %s", err)
                     continue
                 self._dispatch(msg)
+
+    def _consume(self, most: int) -> list[Message]:
+        """Up to ``most`` records: what is already fetched, else the first to arrive
+        within 0.1 s and what came with it. (consume(n, timeout) returns early only with
+        a full batch: a trickle of records waited out the timeout, ~100 ms each.)"""
+        consume = self.consumer.consume
+        msgs = consume(most, 0)
+        if not msgs:
+            msgs = consume(1, 0.1)
+            if msgs and most > 1:
+                msgs += consume(most - 1, 0)
+        return msgs
 
     def _pause(self, pause: bool) -> None:
         assignment = self.consumer.assignment()
