@@ -30,6 +30,7 @@ ORDER = [
     "bench_aio",
     "bench_e2e",
     "bench_journal",
+    "bench_latency",
     "bench_rebuild",
     "bench_spark_source",
 ]
