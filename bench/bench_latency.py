@@ -4,7 +4,8 @@ A backlog drain (``bench_e2e.py``) measures throughput; this measures what a use
 live agent sees when records arrive one by one (``--rate`` records/s, default 20). Each
 row runs in this process on one embedded broker: a raw confluent-kafka
 consume->produce loop (the baseline: the worker's own consumer and producer settings, a
-consume that returns as soon as a record is there), then an agents_stream worker (the
+consume that returns as soon as a record is there; both with ``fetch.wait.max.ms`` 10,
+see ``FETCH_WAIT``), then an agents_stream worker (the
 same app as ``bench_e2e.py``: sync action with 0 / 1 / 3 ``ctx.execute``, async with 1
 ``ctx.execute_async``). Latency = the output record's timestamp - the input's send time
 (same clock); the group settles and the producer is warmed up before the first record.
@@ -35,6 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PARTITIONS = 4
 SETTLE = 6.0  # seconds for the worker's group join (~3 s on the embedded broker)
+# The embedded broker holds a fetch that found no data for the whole fetch.wait.max.ms
+# (500 ms by default; Kafka answers as soon as data arrives), which would dominate every
+# row. Both the raw loop and the worker get this one (and no rebalance happens here).
+FETCH_WAIT = {"fetch.wait.max.ms": 10}
 
 VARIANTS = [
     ("raw confluent-kafka consume->produce loop", None),
@@ -48,7 +53,7 @@ VARIANTS = [
 def raw_loop(bootstrap: str, topic_in: str, topic_out: str, stop: threading.Event) -> None:
     from agents_stream.kafka.config import consumer_config, producer_config
 
-    consumer = Consumer(consumer_config(bootstrap, f"raw-{uuid.uuid4().hex[:6]}"))
+    consumer = Consumer(consumer_config(bootstrap, f"raw-{uuid.uuid4().hex[:6]}", FETCH_WAIT))
     producer = Producer(producer_config(bootstrap))
     consumer.subscribe([topic_in])
     while not stop.is_set():
@@ -119,6 +124,7 @@ def run_variant(bootstrap: str, n: int, spec: tuple[str, int] | None, records: i
         from agents_stream.runtime.worker import Worker
 
         as_app = importlib.reload(as_app)  # the app reads its settings when imported
+        as_app.app.consumer_config = dict(FETCH_WAIT)
         data = tempfile.mkdtemp(prefix="bench-latency-")
         worker = Worker(as_app.app, broker=bootstrap, data_dir=data)
         runner = worker.run

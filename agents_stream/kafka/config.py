@@ -167,11 +167,6 @@ def consumer_config(
         # eager range/roundrobin in one group: see docs/operations.md before upgrading).
         "partition.assignment.strategy": "cooperative-sticky",
         "max.poll.interval.ms": 300000,
-        # How long the broker may hold a fetch that found no new data. Kafka answers as
-        # soon as a record arrives; some Kafka-protocol brokers (the embedded Tansu) wait
-        # the whole time, which at librdkafka's 500 ms put 100-500 ms on every record of
-        # a trickle. 50 ms costs an idle consumer a few small requests per second.
-        "fetch.wait.max.ms": 50,
         "log_level": 3,
     }
     return _layered("consumer", conf, bootstrap, overrides)

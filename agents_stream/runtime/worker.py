@@ -65,6 +65,7 @@ log = logging.getLogger("agents_stream.worker")
 TIMER_TICK = 0.05  # seconds between processing-time timer checks
 CONSUME_BATCH = 500  # records per consume call at most
 PAUSE_AFTER = 1.0  # seconds without room before the partitions are paused
+CONSUME_WAIT = 0.01  # seconds a consume waits for a batch to fill (idle: 100 calls/s)
 
 
 class Worker(CommitProtocol, Rebalancing):
@@ -351,16 +352,10 @@ class Worker(CommitProtocol, Rebalancing):
                 self._dispatch(msg)
 
     def _consume(self, most: int) -> list[Message]:
-        """Up to ``most`` records: what is already fetched, else the first to arrive
-        within 0.1 s and what came with it. (consume(n, timeout) returns early only with
-        a full batch: a trickle of records waited out the timeout, ~100 ms each.)"""
-        consume = self.consumer.consume
-        msgs = consume(most, 0)
-        if not msgs:
-            msgs = consume(1, 0.1)
-            if msgs and most > 1:
-                msgs += consume(most - 1, 0)
-        return msgs
+        """Up to ``most`` records, waiting at most ``CONSUME_WAIT`` for them: consume(n,
+        timeout) returns early only with a full batch, so its timeout is what a record
+        arriving alone waits before it runs (it was 100 ms)."""
+        return self.consumer.consume(most, CONSUME_WAIT)
 
     def _pause(self, pause: bool) -> None:
         assignment = self.consumer.assignment()
