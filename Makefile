@@ -26,7 +26,7 @@ test: venv  ## the whole suite: unit, integration (real broker), fault injection
 test-fast: venv  ## unit tests only
 	$(PY) -m pytest -q tests/unit
 
-bench: venv  ## throughput tables against baselines measured in the same run
+bench: venv  ## throughput and latency tables against baselines measured in the same run
 	$(PY) -m pip install --quiet -e '.[dev,spark,faust,bench]'
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) bench/run_all.py
 
