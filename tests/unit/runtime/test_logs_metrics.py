@@ -49,3 +49,11 @@ def test_truncation_counter_counts_per_agent():
     finally:
         logger.removeHandler(counter)
     assert counter.counts == {"Pay": 2}
+
+
+def test_json_lines_name_the_process_of_a_supervised_worker(monkeypatch):
+    # worker --processes N starts each child with its index in the environment.
+    record = logging.LogRecord("agents_stream.worker", logging.INFO, __file__, 1, "hi", (), None)
+    assert "process" not in json.loads(JsonFormatter().format(record))
+    monkeypatch.setenv("AGENTS_STREAM_PROCESS_INDEX", "1")
+    assert json.loads(JsonFormatter().format(record))["process"] == 1
