@@ -51,6 +51,12 @@ WORKER_COUNTERS = (
     ("timers_fired", "timers_fired", "timers fired"),
     ("timer_errors", "timer_errors", "timer firings whose action raised (dropped)"),
     ("watermarks", "watermarks", "watermarks processed"),
+    (
+        "offset_gaps",
+        "offset_gaps",
+        "input records whose offset skipped past the previous one's + 1 (compaction or "
+        "transaction markers, or records the client never delivered)",
+    ),
 )
 
 

@@ -31,6 +31,11 @@ class PartitionOffsets:
             heapq.heappop(heap)
 
     @property
+    def next(self) -> int:
+        """One past the highest offset started (-1 before the first)."""
+        return self._next
+
+    @property
     def in_flight(self) -> int:
         return len(self._open)
 

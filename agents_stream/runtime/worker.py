@@ -372,6 +372,11 @@ class Worker(CommitProtocol, Rebalancing):
         raw_key = msg.key()
         key = raw_key.decode("utf-8", "backslashreplace") if raw_key is not None else ""
         tracker = self.offsets.get(topic, partition)
+        if offset > tracker.next > 0:
+            # Offsets skipped since the last record of this partition: compaction or
+            # transaction markers in the input, or records the client never handed over
+            # (the commit would pass them: see docs/operations.md, offset gaps).
+            self.stats["offset_gaps"] += 1
         tracker.start(offset)
         arm_at = self._arm_at.get((topic, partition))
         if arm_at is not None and offset + 1 >= arm_at:
