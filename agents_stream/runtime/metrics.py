@@ -57,6 +57,11 @@ WORKER_COUNTERS = (
         "input records whose offset skipped past the previous one's + 1 (compaction or "
         "transaction markers, or records the client never delivered)",
     ),
+    (
+        "offset_gaps_recovered",
+        "offset_gaps_recovered",
+        "offset gaps the client had skipped: fetched again from the first missing offset",
+    ),
 )
 
 

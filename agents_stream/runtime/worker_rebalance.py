@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -55,6 +55,8 @@ class Rebalancing:
     _async_ios: dict[str, AsyncIOHost]
     _watermarks: dict[str, WatermarkGenerator]
     _owned: set[tuple[str, int]]
+    _rebalances: int
+    _rewinds: dict[tuple[str, int], list[Any]]
     _state_refs: defaultdict[int, int]
     _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
     _completed_through: dict[tuple[str, int], int]
@@ -88,6 +90,7 @@ class Rebalancing:
         """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
         partitions already owned keep running meanwhile. Under an eager assignor it is
         the whole assignment, after a revoke of the whole previous one."""
+        self._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
         if not partitions:
             return  # a cooperative rebalance that added nothing here
         started = time.monotonic()
@@ -158,6 +161,7 @@ class Rebalancing:
     ) -> None:
         """Incremental (cooperative-sticky): only the partitions taken away; the others
         keep running. ``lost``: see :meth:`_on_lost`."""
+        self._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
         revoked = {(tp.topic, tp.partition) for tp in partitions} & self._owned
         if not revoked:
             return
@@ -230,6 +234,7 @@ class Rebalancing:
                 host.forget_partitions([partition])
             self.offsets.drop(topic, partition)
             self._finished.pop((topic, partition), None)
+            self._rewinds.pop((topic, partition), None)
         return done
 
 

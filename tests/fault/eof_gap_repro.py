@@ -10,10 +10,11 @@ compacted nor transactional); a gap is a record the client never handed over.
 Measured here (librdkafka 2.12.1, Tansu 0.6.0): with ``enable.partition.eof`` on and
 ``fetch.wait.max.ms`` 50, 2-3 gaps per run in 2 of 2 runs; none with EOF off at 50 ms
 (3 runs) or with EOF on at librdkafka's default 500 ms. The worker enables partition EOF
-(held timers arm on it) and keeps the default fetch wait; it counts gaps
-(``agents_stream_offset_gaps_total``). Run against a real Kafka before relying on a
-shorter fetch wait: ``python tests/fault/eof_gap_repro.py --fetch-wait 50 --eof
-[--bootstrap host:9092]``.
+(held timers arm on it) and keeps the default fetch wait; on a gap it fetches the
+partition again from the first missing offset, so skipped records come back
+(``agents_stream_offset_gaps_recovered_total``; ``tests/integration/test_offset_gaps.py``).
+To see whether your cluster's clients skip records: ``python
+tests/fault/eof_gap_repro.py --fetch-wait 50 --eof [--bootstrap host:9092]``.
 """
 
 from __future__ import annotations

@@ -187,8 +187,9 @@ def test_sigkill_one_of_three_workers(broker, topic_factory, worker_factory, tmp
 
     # The input has no compaction or transaction markers: a gap is a record the client
     # never handed to a worker (which would then commit past it).
-    gaps = sum(
-        int(m.group(1)) for w in workers[1:] for m in re.finditer(r"offset_gaps=(\d+)", w.log())
+    gaps, recovered = (
+        sum(int(m.group(1)) for w in workers[1:] for m in re.finditer(pattern, w.log()))
+        for pattern in (r"offset_gaps=(\d+)", r"offset_gaps_recovered=(\d+)")
     )
     per_input = Counter(o.n for o in tail.outs)
     lost = sorted(set(range(sent)) - set(per_input))
@@ -212,11 +213,13 @@ def test_sigkill_one_of_three_workers(broker, topic_factory, worker_factory, tmp
                 for p in stayed
             )
             + f"  lost={len(lost)} offset gaps seen by the survivors={gaps} "
+            f"(skipped by the client and fetched again: {recovered}) "
             f"re-executed acked calls={reexecuted_acked} "
             f"calls run twice={sum(1 for k in runs.values() if k > 1)} (in flight at the kill) "
             f"duplicate outputs={sum(c - 1 for c in per_input.values())}"
         )
     assert not lost, lost[:20]
+    assert gaps == 0  # every skipped record was fetched again
     assert reexecuted_acked == 0
     assert len(runs) == sent
     assert not rerun_stayed, rerun_stayed
