@@ -10,6 +10,7 @@ import logging
 from confluent_kafka import KafkaException, TopicPartition
 
 from agents_stream import Agent, App, InputEvent, RunnerContext, action
+from agents_stream.runtime.offsets import OffsetTracker
 from agents_stream.runtime.worker import Worker
 
 TP = ("in", 0)
@@ -90,6 +91,7 @@ def test_a_failed_seek_lets_the_next_record_through(tmp_path, caplog) -> None:
 def test_a_revoke_forgets_the_partition_s_rewind(tmp_path) -> None:
     worker = make_worker(tmp_path, SeekingConsumer())
     rewind(worker, 10, 15)
-    worker._watermarks, worker._async_ios = {}, {}  # built by run_async (not started here)
+    # Built by run_async, which these tests do not start.
+    worker._watermarks, worker._async_ios, worker.offsets = {}, {}, OffsetTracker()
     asyncio.run(worker._forget({TP}, {}))
     assert TP not in worker._rewinds
