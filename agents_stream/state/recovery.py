@@ -131,10 +131,10 @@ def rebuild_partitions(
             at_end: list[int] = []
             runs = _clean_runs(msgs, current, open_parts, starts, bad)
             if runs is not None:
-                for p, (records, next_offset) in runs.items():
-                    caches[p].apply(records, next_offset, replay=True)
-                    replayed[p] += len(records)
-                    progress.advance(len(records))
+                for p, (run_keys, run_values, next_offset) in runs.items():
+                    caches[p].replay(run_keys, run_values, next_offset)
+                    replayed[p] += len(run_keys)
+                    progress.advance(len(run_keys))
                 if len(remaining) < len(caches):
                     _learn_totals(consumer, topic, starts, remaining, progress)
                 continue
@@ -206,11 +206,11 @@ def _clean_runs(
     open_parts: set[int],
     starts: dict[int, int],
     bad: dict[int, dict[bytes, tuple[int, JournalDecodeError]]],
-) -> dict[int, tuple[list[tuple[bytes, bytes | None]], int]] | None:
+) -> dict[int, tuple[list[bytes], list[bytes | None], int]] | None:
     """The common batch, checked column by column in C: records of open partitions, no
     errors or end-of-partition events, every key set, every value a tombstone or written
-    by the current schema, nothing unresolved. Returns ``{partition: (records, next
-    offset)}``, or None for the record-by-record path (which handles everything)."""
+    by the current schema, nothing unresolved. Returns ``{partition: (keys, values,
+    next offset)}``, or None for the record-by-record path (which handles everything)."""
     if not current:  # a registry frames the records: each one is checked
         return None
     if any(map(is_not, map(Message.error, msgs), repeat(None))):
@@ -222,17 +222,17 @@ def _clean_runs(
     written = [v for v in values if v is not None] if None in values else values
     if not all(map(bytes.startswith, written, repeat(current))):
         return None
-    runs: dict[int, tuple[list[tuple[bytes, bytes | None]], int]] = {}
+    runs: dict[int, tuple[list[bytes], list[bytes | None], int]] = {}
     at = 0
     # A fetch's records of one partition arrive together: a few runs per batch.
     for p, run in groupby(map(Message.partition, msgs)):
         n = len(list(run))
         if p not in open_parts or bad[p] or msgs[at].offset() < starts[p]:
             return None
-        records = list(zip(keys[at : at + n], values[at : at + n], strict=True))
+        run_keys, run_values = keys[at : at + n], values[at : at + n]
         if p in runs:
-            records = runs[p][0] + records
-        runs[p] = (records, msgs[at + n - 1].offset() + 1)
+            run_keys, run_values = runs[p][0] + run_keys, runs[p][1] + run_values
+        runs[p] = (run_keys, run_values, msgs[at + n - 1].offset() + 1)
         at += n
     return runs
 

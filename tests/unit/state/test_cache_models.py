@@ -193,3 +193,34 @@ def test_the_index_answers_without_rocksdb_and_says_when_it_is_gone(tmp_path: Pa
     cache.settle()
     assert not cache.may_hold(done)
     cache.close()
+
+
+_KEYS = st.sampled_from(
+    [
+        b"c\x1fk\x1f1\x1forders\x1fA.p#0\x1f0",
+        b"a\x1fk\x1f1\x1forders\x1fA.p#0",
+        b"c\x1fk\x1f2\x1fA.p#0\x1f0",  # legacy layout
+        b"a\x1fj\x1f-3\x1fA.p#t0",  # a timer firing's: not legacy
+        b"m\x1fk",
+    ]
+)
+
+
+@settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.tuples(_KEYS, st.none() | st.binary(max_size=4)), max_size=6)))
+def test_a_replay_in_columns_is_apply_of_the_pairs(
+    tmp_path_factory: pytest.TempPathFactory, batches: list[list[tuple[bytes, bytes | None]]]
+) -> None:
+    pairs, columns = (PartitionCache(tmp_path_factory.mktemp(n)) for n in ("pairs", "columns"))
+    try:
+        for n, batch in enumerate(batches, start=1):
+            pairs.apply(batch, n, replay=True)
+            columns.replay([k for k, _ in batch], [v for _, v in batch], n)
+        for cache in (pairs, columns):
+            cache.settle()
+        assert dict(columns.db.items()) == dict(pairs.db.items())
+        assert (columns.checkpoint, columns.has_legacy) == (pairs.checkpoint, pairs.has_legacy)
+        assert columns._slots == pairs._slots
+    finally:
+        pairs.close()
+        columns.close()
