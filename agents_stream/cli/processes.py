@@ -155,6 +155,7 @@ class Supervisor:
         self._command = list(command)
         self._clock = clock
         self._stopping = False
+        self._failure = ""  # the startup failure that ended the run, logged last
 
     def stop(self, *_: object) -> None:
         """Request the stop; safe from a signal handler."""
@@ -176,6 +177,13 @@ class Supervisor:
             )
             code = self._watch()
             stopped = self._stop_all()
+            if self._failure:
+                # Last, after the other children's lines: the command's last line names
+                # the fix (the relays of the stopped children are done by now).
+                for child in self._children:
+                    if child.relay is not None:
+                        child.relay.join(5)
+                log.critical(self._failure)
             return code if code else stopped
         finally:
             for sig, handler in previous.items():
@@ -222,11 +230,9 @@ class Supervisor:
                 if code > 0 and ran < self._startup_window:
                     if child.relay is not None:
                         child.relay.join(5)  # its last line, to name the fix in ours
-                    log.critical(
-                        "worker stopped: process %d failed during startup (exit code %d): %s",
-                        child.index,
-                        code,
-                        failure_reason(child.last_line),
+                    self._failure = (
+                        f"worker stopped: process {child.index} failed during startup "
+                        f"(exit code {code}): {failure_reason(child.last_line)}"
                     )
                     return code
                 if ran >= HEALTHY_AFTER:
