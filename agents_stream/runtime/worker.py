@@ -353,7 +353,8 @@ class Worker(CommitProtocol, Rebalancing):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        self._arm((msg.topic(), msg.partition()))
+                        if (msg.topic(), msg.partition()) not in self._rewinds:
+                            self._arm((msg.topic(), msg.partition()))  # else not at its end
                     else:
                         log.warning("consumer error: %s", err)
                     continue
