@@ -108,9 +108,10 @@ class TimerService:
         return out
 
 
-def input_end(consumer: Consumer, topic: str, partition: int) -> int | None:
+def input_end(consumer: Consumer, topic: str, partition: int) -> tuple[int | None, int]:
     """Offset at which held timers of an input partition arm: its end offset when input
-    remains to re-consume after the committed position, None when nothing does.
+    remains to re-consume after the committed position, None when nothing does; and the
+    group's committed offset (-1: none or unknown), where its first record is expected.
 
     Runs on the consumer's thread (rebalance callback). When the offsets cannot be read,
     only the partition EOF arms the timers.
@@ -121,6 +122,6 @@ def input_end(consumer: Consumer, topic: str, partition: int) -> int | None:
         [committed] = consumer.committed([TopicPartition(topic, partition)], timeout=5.0)
     except Exception as exc:
         log.warning("no end offset for %s[%d] (%s): timers wait for EOF", topic, partition, exc)
-        return NEVER
+        return NEVER, -1
     start = committed.offset if committed.offset >= 0 else low
-    return high if start < high else None
+    return (high if start < high else None), max(committed.offset, -1)

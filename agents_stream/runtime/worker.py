@@ -127,6 +127,9 @@ class Worker(CommitProtocol, Rebalancing):
         # was found real (compaction, transaction markers): not checked again until the
         # next rebalance.
         self._rewinds: dict[tuple[str, int], list[Any]] = {}
+        # Agent input partitions just assigned: the group's committed offset, where
+        # their first record is expected.
+        self._first_expected: dict[tuple[str, int], int] = {}
         self._gaps_real: dict[tuple[str, int], int] = {}
         self._rebalances = 0  # bumped by the rebalance callbacks (Kafka thread)
         self.stats: dict[str, int] = defaultdict(int)
@@ -385,12 +388,18 @@ class Worker(CommitProtocol, Rebalancing):
         if self._rewinds and not self._rewound((topic, partition), offset):
             return
         tracker = self.offsets.get(topic, partition)
-        if offset > tracker.next > 0:
-            # Offsets skipped since the last record of this partition: compaction or
-            # transaction markers in the input, or records the client never handed over,
-            # which the commit would pass (see docs/operations.md, offset gaps).
+        expected = tracker.next
+        if expected < 0 and self._first_expected:
+            expected = self._first_expected.pop((topic, partition), -1)
+        if offset > expected > 0:
+            # Offsets skipped since the last record of this partition (or its committed
+            # offset): compaction or transaction markers in the input, or records the
+            # client never handed over, which the commit would pass (see
+            # docs/operations.md, offset gaps).
             if self._gaps_real.get((topic, partition)) != self._rebalances:
-                self._rewind((topic, partition), tracker.next, offset)
+                if tracker.next < 0:  # checked again once fetched from there
+                    self._first_expected[(topic, partition)] = expected
+                self._rewind((topic, partition), expected, offset)
                 return
             self.stats["offset_gaps"] += 1
         raw_key = msg.key()
@@ -436,7 +445,9 @@ class Worker(CommitProtocol, Rebalancing):
             )
 
     def _rewind(self, tp: tuple[str, int], expected: int, seen: int) -> None:
-        """Fetch ``tp`` again from ``expected``: a record at ``seen`` came after a gap.
+        """Fetch ``tp`` again from ``expected``: a record at ``seen`` came after a gap
+        (past the previous record, or past the committed offset for the first record of
+        an assignment).
 
         Why: on a Kafka-protocol broker tested here, librdkafka handed a kept partition's
         records over with a hole at a cooperative rebalance (partition EOF on, a short
@@ -518,8 +529,15 @@ class Worker(CommitProtocol, Rebalancing):
         self.controller.submit(timer.key, (topic, timer.partition), work, _ignore)
 
     def _load_timers(
-        self, topic: str, partition: int, timers: list[TimerEntry], arm_at: int | None
+        self,
+        topic: str,
+        partition: int,
+        timers: list[TimerEntry],
+        arm_at: int | None,
+        committed: int = -1,
     ) -> None:
+        if committed > 0:  # its first record is checked for a gap like any other
+            self._first_expected[(topic, partition)] = committed
         name = self._agents[topic].name
         self.timers.load(name, partition, timers, armed=arm_at is None)
         if arm_at is not None:

@@ -57,6 +57,7 @@ class Rebalancing:
     _owned: set[tuple[str, int]]
     _rebalances: int
     _rewinds: dict[tuple[str, int], list[Any]]
+    _first_expected: dict[tuple[str, int], int]
     _state_refs: defaultdict[int, int]
     _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
     _completed_through: dict[tuple[str, int], int]
@@ -119,11 +120,11 @@ class Rebalancing:
                 self._load_progress(tp.topic, tp.partition)
                 name = self._agents[tp.topic].name
                 timers = [t for t in self.store.timers(tp.partition) if t.agent == name]
-                arm_at = input_end(consumer, tp.topic, tp.partition)
+                arm_at, committed = input_end(consumer, tp.topic, tp.partition)
                 assert self._loop is not None
                 # Runs on the loop before any record fetched by this consume call.
                 self._loop.call_soon_threadsafe(
-                    self._load_timers, tp.topic, tp.partition, timers, arm_at
+                    self._load_timers, tp.topic, tp.partition, timers, arm_at, committed
                 )
             self._owned.add((tp.topic, tp.partition))
         if self._paused:
@@ -235,6 +236,7 @@ class Rebalancing:
             self.offsets.drop(topic, partition)
             self._finished.pop((topic, partition), None)
             self._rewinds.pop((topic, partition), None)
+            self._first_expected.pop((topic, partition), None)
         return done
 
 

@@ -80,6 +80,34 @@ def test_records_the_client_skipped_are_fetched_again(broker, topic_factory, tmp
     assert worker.stats["records"] == 300
 
 
+def test_records_skipped_at_an_assignment_are_fetched_again(broker, topic_factory, tmp_path):
+    app, inp, out = make_app(topic_factory)
+    create_topics(broker.bootstrap, [inp, out], partitions=1)
+    produce(broker.bootstrap, inp, [(f"k{n % 7}", {"n": n}) for n in range(100)])
+    first = Worker(app, broker=broker.bootstrap, data_dir=tmp_path / "a")
+    assert sorted(run_until(first, broker.bootstrap, out, 100)) == list(range(100))
+    produce(broker.bootstrap, inp, [(f"k{n % 7}", {"n": n}) for n in range(100, 200)])
+    # A second worker of the group starts at the committed offset (100); its client
+    # hands the partition over from 110: nothing before it would reveal the gap.
+    second = Worker(app, broker=broker.bootstrap, data_dir=tmp_path / "b")
+    consume = second._consume
+    skipped: list[int] = []
+
+    def skipping(most: int) -> list[Any]:
+        msgs = consume(most)
+        if not skipped and any(m.error() is None for m in msgs):
+            skipped.extend(m.offset() for m in msgs if m.error() is None and m.offset() < 110)
+            return [m for m in msgs if m.error() is not None or m.offset() >= 110]
+        return msgs
+
+    second._consume = skipping  # type: ignore[method-assign]
+    seen = run_until(second, broker.bootstrap, out, 200)
+    assert skipped and min(skipped) == 100, skipped
+    assert sorted(seen) == list(range(200))  # each once: the first run's 100 and these
+    assert second.stats["offset_gaps_recovered"] == 1
+    assert second.stats["records"] == 100
+
+
 def test_offsets_without_records_are_checked_once_and_accepted(broker, topic_factory, tmp_path):
     app, inp, out = make_app(topic_factory)
     create_topics(broker.bootstrap, [inp, out], partitions=1)
