@@ -13,8 +13,13 @@ partition with distinct keys, as the execution controller starts them):
 * the actions that returned in one round are completed as a group: one append of their
   ActionDones, one ack wait, their outputs sent from the producer's thread once the
   ActionDones are acked, their emitted markers once the outputs are (group commit);
-* each record is reported as soon as it is finished, so the next record of its key can
-  start while others of the batch still run.
+* each record is reported as soon as it is finished (its outputs acked), so that it
+  can be committed while others of the batch still run; the next record of its key may
+  start earlier, once the record's ActionDone is acked and its outputs are sent
+  (``released``): from there nothing the next record does can reorder or change them
+  (the producer keeps a partition's records in the order sent), and on a crash the
+  record is replayed from its ActionDone either way. The two ack waits of a record
+  (ActionDone, then outputs) are no longer both on its key's path.
 
 The guarantees are the per-record path's (``runner.py``): a journaled call's record is
 acked before the action goes on, the ActionDone is acked before the outputs are sent,
@@ -79,11 +84,16 @@ class _Run:
 
 class RecordBatch:
     def __init__(
-        self, runner: ActionRunner, records: Sequence[RecordInput], report: Report
+        self,
+        runner: ActionRunner,
+        records: Sequence[RecordInput],
+        report: Report,
+        released: Callable[[int], None] | None = None,
     ) -> None:
         self._runner = runner
         self._records = records
         self._report = report
+        self._released = released
         self._ready: list[tuple[Callable[..., None], Any]] = []
         self._signal: asyncio.Future[None] | None = None
         self._outstanding = 0  # awaitables and tasks whose completion is still to come
@@ -229,8 +239,23 @@ class RecordBatch:
             appended: Future[None] = runner.store.append([d for _, d, _ in part], partition)
             sends = [(done, run.ctx.outputs) for run, done, _ in part if run.ctx.outputs]
             if sends:
+                journaled = appended
+                # Registered before the release below: the outputs are produced (in the
+                # thread that resolves the ack) before the loop hears of it.
                 appended = then(appended, partial(_send_outputs, runner, sends, partition))
+                if self._released is not None:
+                    self._wait(acked(journaled), partial(self._group_released, part))
             self._wait(acked(appended), partial(self._group_done, part))
+
+    def _group_released(
+        self, group: list[tuple[_Run, ActionDone, RecordOutcome]], fut: asyncio.Future[None]
+    ) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return  # the group's report carries the failure (and frees the keys)
+        released = self._released
+        assert released is not None
+        for run, _, _ in group:
+            released(run.index)
 
     def _group_done(
         self, group: list[tuple[_Run, ActionDone, RecordOutcome]], fut: asyncio.Future[None]

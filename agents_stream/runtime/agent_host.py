@@ -85,7 +85,8 @@ class AgentHost:
         """Process records of one partition with distinct keys together (the runner's
         batch path); ``finish(i, True)`` as soon as record ``i`` is finished, as
         :meth:`handle` returning would say. A record the error policy stops on is
-        reported ``False`` (not finished: never committed)."""
+        reported ``False`` (not finished: never committed). ``finish.release(i)``, when
+        ``finish`` has it, is called once record ``i``'s key may run its next record."""
         records: list[RecordInput] = []
         positions: list[int] = []
         tails: set[asyncio.Future[None]] = set()  # dead letters being acked
@@ -114,9 +115,11 @@ class AgentHost:
             else:
                 later(index, self._conclude(msg, key, records[position], outcome))
 
+        release = getattr(finish, "release", None)
+        released = None if release is None else (lambda position: release(positions[position]))
         try:
             if records:
-                await self.runner.run_batch(records, report)
+                await self.runner.run_batch(records, report, released)
             while tails:
                 await asyncio.wait(list(tails))
         finally:

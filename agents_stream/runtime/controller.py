@@ -28,6 +28,11 @@ submits them under their key), so everything below holds for them too.
   records of its lane started in the same loop iteration; one task runs them together
   and reports each one's end separately, which releases its key at once. Cancelling
   that task (a drain) abandons the records it has not reported.
+* Early key release: a batch may also report that a record's key is free before the
+  record is finished (``finish.release(i)``): the next record of the key starts, while
+  this one stays in flight (not committable, its epoch open) until ``finish(i, ok)``.
+  The worker's agents use it once a record's ActionDone is acked and its outputs are
+  sent: what the next record does can no longer reorder or change them.
 """
 
 from __future__ import annotations
@@ -39,7 +44,6 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from .epochs import Epoch, EpochManager, EpochMode
@@ -47,7 +51,8 @@ from .epochs import Epoch, EpochManager, EpochMode
 log = logging.getLogger("agents_stream.runtime")
 
 Work = Callable[[], Awaitable[None]]
-# Runs the payloads of one lane's batch; ``finish(i, ok)`` reports record ``i``'s end.
+# Runs the payloads of one lane's batch; ``finish(i, ok)`` reports record ``i``'s end,
+# ``finish.release(i)`` (optional) frees its key earlier (see the module doc).
 BatchRun = Callable[[list[Any], Callable[[int, bool], None]], Awaitable[None]]
 
 
@@ -73,13 +78,32 @@ class _Pending:
 
 
 class _Batch:
-    """The records one batch task runs; each is reported once."""
+    """The records one batch task runs; each is reported once (and its key released at
+    most once before that)."""
 
-    __slots__ = ("items", "open")
+    __slots__ = ("items", "open", "released")
 
     def __init__(self, items: list[_Pending]) -> None:
         self.items = items
         self.open = set(range(len(items)))
+        self.released: set[int] = set()  # open, but their key is free already
+
+
+class _Finish:
+    """What a batch's ``run`` reports with: ``finish(i, ok)`` when record ``i`` is
+    finished; ``finish.release(i)`` when its key is free before that."""
+
+    __slots__ = ("_batch", "_controller")
+
+    def __init__(self, controller: ExecutionController, batch: _Batch) -> None:
+        self._controller = controller
+        self._batch = batch
+
+    def __call__(self, index: int, ok: bool) -> None:
+        self._controller._batch_item_done(self._batch, index, ok)
+
+    def release(self, index: int) -> None:
+        self._controller._batch_item_released(self._batch, index)
 
 
 @dataclass
@@ -244,7 +268,7 @@ class ExecutionController:
             batch = _Batch(items)
             run = items[0].work.run  # type: ignore[union-attr]
             payloads = [item.work.payload for item in items]  # type: ignore[union-attr]
-            task = loop.create_task(run(payloads, partial(self._batch_item_done, batch)))
+            task = loop.create_task(run(payloads, _Finish(self, batch)))
             self._batches[task] = batch
             task.add_done_callback(self._batch_finished)
 
@@ -253,9 +277,21 @@ class ExecutionController:
             return
         batch.open.discard(index)
         item = batch.items[index]
+        if index in batch.released:  # its key may run the next record already
+            batch.released.discard(index)
+            self._release(item, ok)
+            return
         self._busy.discard(item.key)
         self._release(item, ok)
         self._pump(item.key)
+
+    def _batch_item_released(self, batch: _Batch, index: int) -> None:
+        if index not in batch.open or index in batch.released:
+            return
+        batch.released.add(index)
+        key = batch.items[index].key
+        self._busy.discard(key)
+        self._pump(key)
 
     def _batch_finished(self, task: asyncio.Task[None]) -> None:
         batch = self._batches.pop(task)

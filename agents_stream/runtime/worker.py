@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from heapq import heappush
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,7 @@ class Worker(CommitProtocol, Rebalancing):
         self._pool = CodeBlockPool(64)
         self._owned: set[tuple[str, int]] = set()
         self._state_refs: dict[int, int] = defaultdict(int)
+        # Finished, not yet committed records per partition: a heap by offset.
         self._finished: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
         # Completed-through marker offset per agent input partition (see the module doc).
         self._completed_through: dict[tuple[str, int], int] = {}
@@ -419,7 +421,7 @@ class Worker(CommitProtocol, Rebalancing):
                 host = self._agents.get(topic)
                 # A dead letter's journal is kept for its replay (runtime/dlq.py).
                 if host is None or not host.keeps_journal(partition, offset):
-                    self._finished[(topic, partition)].append((offset, key))
+                    heappush(self._finished[(topic, partition)], (offset, key))
                 self.stats["records"] += 1
 
         if topic in self._agents:

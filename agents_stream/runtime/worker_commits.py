@@ -28,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from heapq import heappop
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -157,9 +158,12 @@ class CommitProtocol:
                 continue  # revoked meanwhile
             tracker.committed = max(tracker.committed, position)
             finished = self._finished.get(tp)
-            if finished:
-                done[tp] = [(o, k) for o, k in finished if o < position]
-                self._finished[tp] = [(o, k) for o, k in finished if o >= position]
+            if finished and finished[0][0] < position:
+                # A heap by offset: a commit takes what it covers without walking the
+                # records finished past it (thousands while a slow key holds it back).
+                covered = done[tp] = []
+                while finished and finished[0][0] < position:
+                    covered.append(heappop(finished))
         return done
 
     def _prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None:

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +36,11 @@ LEGACY_KEY = b"\x00legacy"
 _RECORD_KINDS = frozenset(b"cat")  # first byte of call, done and truncation keys
 _SEP = b"\x1f"
 _RECORD_HEADS = (b"c" + _SEP, b"a" + _SEP, b"t" + _SEP)  # call, done, truncation keys
-SLOT_INDEX_LIMIT = 20_000  # input records with live entries indexed per partition
+# Input records with live entries indexed per partition (~450 bytes each): the records
+# in flight plus those finished since the last commit's pruning; 20k was passed by one
+# partition draining at ~14k records/s with a 1 s commit interval.
+SLOT_INDEX_LIMIT = 100_000
+INDEX_RELOAD_AFTER = 10.0  # seconds between attempts to index again once past the limit
 # A legacy key's fourth field is its action id (``kind key seq action ...``), which always
 # holds a ``#``; a v5 key's is the input topic, which never does. An input record's seq
 # is its offset, never negative (a timer firing's is). One C-level match per applied key
@@ -101,6 +106,7 @@ class PartitionCache:
         self._unsettled = False  # replayed batches not flushed yet
         self._checkpoint = self._read_checkpoint()  # only apply() and clear() change it
         self._index_slots = index_slots
+        self._dropped_at: float | None = None  # when the index was dropped past its limit
         self._slots = self._load_index() if index_slots else None
 
     # -- live per-record entries ----------------------------------------------------------
@@ -115,11 +121,17 @@ class PartitionCache:
     # input record (``key SEP seq SEP``), answer from memory instead. Kept exact: a put is
     # noted before RocksDB has it, a delete after (a stale "maybe" only costs the read).
     # Only worth it where records are pruned (``index_slots``); past SLOT_INDEX_LIMIT
-    # records the index is dropped and every lookup reads RocksDB. A replay (rebuild)
-    # drops it too and :meth:`settle` loads it once from what lives at the end.
+    # records the index is dropped and every lookup reads RocksDB, until a later write
+    # that prunes loads it again (at most every INDEX_RELOAD_AFTER seconds: a dropped
+    # index stayed dropped before, and a worker that once had a burst of live records
+    # stayed slow). A replay (rebuild) drops it too and :meth:`settle` loads it once
+    # from what lives at the end.
 
     def _load_index(self) -> dict[bytes, set[bytes]] | None:
+        """The index of what RocksDB holds now; None past the limit. Only where nothing
+        writes meanwhile: in the constructor, :meth:`settle` and :meth:`apply`."""
         live: dict[bytes, set[bytes]] = {}
+        self._dropped_at = None
         it = self.db.iter()
         try:
             for head in _RECORD_HEADS:
@@ -129,6 +141,7 @@ class PartitionCache:
                     if not key.startswith(head):
                         break
                     if not _index_key(live, key):
+                        self._dropped_at = time.monotonic()
                         return None
                     it.next()
         finally:
@@ -208,8 +221,17 @@ class PartitionCache:
         next logged write: a log replayed over a lost memtable would keep that write
         (and its later checkpoint) without the records before it."""
         live = self._slots
-        if live is not None and replay:
+        if replay:
             self._slots = live = None  # loaded once by settle(): cheaper than noting writes
+            self._dropped_at = None
+        elif (
+            live is None
+            and self._dropped_at is not None
+            and time.monotonic() - self._dropped_at >= INDEX_RELOAD_AFTER
+            and any(v is None for _, v in records)  # pruning: fewer records live now
+        ):
+            # This thread is the only writer: nothing changes RocksDB during the scan.
+            self._slots = live = self._load_index()
         writes: dict[bytes, bytes | None] = {}
         if live is not None:
             # Per-record keys, the last write of each (as in RocksDB); puts noted now.
@@ -217,6 +239,7 @@ class PartitionCache:
             for key, value in writes.items():
                 if value is not None and not _index_key(live, key):
                     self._slots = live = None  # past the limit
+                    self._dropped_at = time.monotonic()
                     break
         batch = WriteBatch(raw_mode=True)
         put = batch.put
@@ -245,6 +268,7 @@ class PartitionCache:
         taken column by column: no pair per record, and the puts of a batch without
         tombstones in one C-level pass (a rebuild writes every record of the topic)."""
         self._slots = None  # loaded once by settle()
+        self._dropped_at = None
         batch = WriteBatch(raw_mode=True)
         if None in values:
             puts = []

@@ -330,3 +330,40 @@ def test_a_finished_record_is_freed_by_reference_counting() -> None:
     finally:
         gc.enable()
     assert len(Plain.contexts) == 40
+
+
+def test_a_key_is_released_once_its_outputs_are_sent_and_reported_once_they_are_acked() -> None:
+    """``released``: the next record of the key may start once the ActionDone is acked
+    and the outputs are produced (nothing later can reorder them); the record is
+    reported finished (committable) only once the outputs are acked."""
+    plain = {"calls": 0, "block_fails": False, "memory": False, "follow": False}
+    plain |= {"raises": False, "outputs": 1, "journaled": False}
+    records = records_for([plain, plain])
+    acks: list[Future[None]] = []
+
+    class SlowSink(Sink):
+        def send(self, key: str, values: Any, partition: int) -> Future[None]:
+            super().send(key, values, partition)
+            acks.append(Future())
+            return acks[-1]
+
+    sink, events = SlowSink(), []
+
+    async def main() -> None:
+        def released(index: int) -> None:
+            events.append(("released", index, len(sink.sent)))
+
+        def report(index: int, result: Any) -> None:
+            events.append(("reported", index, len(sink.sent)))
+
+        runner = runner_for(InMemoryActionStateStore(), sink)
+        task = asyncio.ensure_future(runner.run_batch(records, report, released))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert sorted(events) == [("released", 0, 2), ("released", 1, 2)]
+        for ack in acks:
+            ack.set_result(None)
+        await task
+
+    asyncio.run(main())
+    assert sorted(events[2:]) == [("reported", 0, 2), ("reported", 1, 2)]

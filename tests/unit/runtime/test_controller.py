@@ -495,3 +495,48 @@ def test_wait_for_slots_returns_once_that_many_records_can_be_admitted():
         return seen
 
     assert run(main()) == [0, 0, 1]
+
+
+def test_a_released_key_runs_its_next_record_while_the_first_stays_in_flight() -> None:
+    """``finish.release(i)``: the key is free, the record is not finished (not
+    committable, still counted in flight) until ``finish(i, ok)``, and that late finish
+    does not free the key a second time (the next record holds it by then)."""
+    from agents_stream.runtime.controller import Batched
+
+    async def main() -> None:
+        controller = ExecutionController(100)
+        finished: list[int] = []
+        started: list[int] = []
+        gates = {0: asyncio.Event(), 1: asyncio.Event()}
+
+        async def batch(payloads: list[int], finish) -> None:  # type: ignore[no-untyped-def]
+            async def one(i: int, offset: int) -> None:
+                started.append(offset)
+                if offset == 0:
+                    finish.release(i)
+                    finish.release(i)  # at most once
+                if offset in gates:
+                    await gates[offset].wait()
+                finish(i, True)
+
+            await asyncio.gather(*(one(i, o) for i, o in enumerate(payloads)))
+
+        for offset in (0, 1, 2):
+            work = Batched("p0", offset, batch)
+            controller.submit("k", "p0", work, lambda ok, o=offset: finished.append(o))
+
+        async def settle() -> None:
+            for _ in range(10):
+                await asyncio.sleep(0)
+
+        await settle()
+        assert started == [0, 1] and finished == []
+        assert controller.in_flight == 3  # offset 0 released, not finished
+        gates[0].set()
+        await settle()
+        assert finished == [0] and started == [0, 1]  # offset 1 still holds the key
+        gates[1].set()
+        await controller.join()
+        assert finished == [0, 1, 2] and started == [0, 1, 2]
+
+    run(main())

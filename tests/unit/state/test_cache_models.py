@@ -110,21 +110,30 @@ writes = st.lists(
 
 
 @settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(writes, st.lists(st.booleans(), min_size=6, max_size=6), st.integers(1, 12))
+@given(
+    writes,
+    st.lists(st.booleans(), min_size=6, max_size=6),
+    st.integers(1, 12),
+    st.sampled_from([0.0, 3600.0]),
+)
 def test_the_live_entry_index_agrees_with_rocksdb(
     tmp_path_factory: pytest.TempPathFactory,
     batches: list[list[tuple[bytes, bool]]],
     replayed: list[bool],
     limit: int,
+    reload_after: float,
 ) -> None:
     """The index must never say "absent" where RocksDB has an entry (the record's
     actions or calls would run again): reads through it (get, scan, keys_under) equal
     RocksDB's own. Below its limit "may hold" is exact; past it, or after a replayed
-    batch until settle(), there is no index and every read goes to RocksDB. Batches may
-    write a key twice (the last wins)."""
+    batch until settle(), there is no index and every read goes to RocksDB, until a
+    pruning write indexes what lives again. Batches may write a key twice (the last
+    wins)."""
     path = tmp_path_factory.mktemp("index")
     cache = PartitionCache(path)
     saved, cache_module.SLOT_INDEX_LIMIT = cache_module.SLOT_INDEX_LIMIT, limit
+    # Index again at the first pruning write after a drop (the worker waits 10 s).
+    saved_after, cache_module.INDEX_RELOAD_AFTER = cache_module.INDEX_RELOAD_AFTER, reload_after
 
     def check(c: PartitionCache) -> None:
         for probe in PROBES:
@@ -177,6 +186,7 @@ def test_the_live_entry_index_agrees_with_rocksdb(
         reopened.close()
     finally:
         cache_module.SLOT_INDEX_LIMIT = saved
+        cache_module.INDEX_RELOAD_AFTER = saved_after
 
 
 def test_the_index_answers_without_rocksdb_and_says_when_it_is_gone(tmp_path: Path) -> None:
@@ -224,3 +234,24 @@ def test_a_replay_in_columns_is_apply_of_the_pairs(
     finally:
         pairs.close()
         columns.close()
+
+
+def test_an_index_dropped_past_its_limit_comes_back_once_pruning_shrinks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of live records must not leave the partition reading RocksDB for good."""
+    monkeypatch.setattr(cache_module, "SLOT_INDEX_LIMIT", 2)
+    monkeypatch.setattr(cache_module, "INDEX_RELOAD_AFTER", 3600.0)
+    cache = PartitionCache(tmp_path / "p0")
+    done = [f"a\x1fk\x1f{seq}\x1forders\x1fA.p#0".encode() for seq in range(3)]
+    cache.apply([(k, b"v") for k in done], 1)
+    assert cache._slots is None  # three records live, over the limit
+    cache.apply([(done[0], None), (done[1], None)], 2)
+    assert cache._slots is None  # not again before INDEX_RELOAD_AFTER
+    monkeypatch.setattr(cache_module, "INDEX_RELOAD_AFTER", 0.0)
+    cache.apply([(b"a\x1fk\x1f9\x1forders\x1fA.p#0", b"v")], 3)
+    assert cache._slots is None  # a write that prunes nothing does not look
+    cache.apply([(done[2], None)], 4)
+    assert cache._slots is not None
+    assert not cache.may_hold(done[2]) and cache.may_hold(b"a\x1fk\x1f9\x1forders\x1fA.p#0")
+    cache.close()
