@@ -370,10 +370,18 @@ class Worker(CommitProtocol, Rebalancing):
                 rewind[2] = True
 
     def _consume(self, most: int) -> list[Message]:
-        """Up to ``most`` records, waiting at most ``CONSUME_WAIT`` for them: consume(n,
-        timeout) returns early only with a full batch, so its timeout is what a record
-        arriving alone waits before it runs (it was 100 ms)."""
-        return self.consumer.consume(most, CONSUME_WAIT)
+        """Up to ``most`` records, waiting at most ``CONSUME_WAIT`` for the first one.
+
+        consume(n, timeout) returns early only with a full batch, so one call with a
+        timeout made a record arriving alone wait that timeout before it ran (10 ms,
+        100 ms before that). What is there is taken at once; with nothing there, the
+        wait ends at the first record, and whatever came with it is taken too."""
+        consumer = self.consumer
+        msgs = consumer.consume(most, 0)
+        if msgs or most <= 1:
+            return msgs or consumer.consume(1, CONSUME_WAIT)
+        first = consumer.consume(1, CONSUME_WAIT)
+        return first + consumer.consume(most - 1, 0) if first else first
 
     def _pause(self, pause: bool) -> None:
         assignment = self.consumer.assignment()
