@@ -48,6 +48,29 @@ def test_events_in_outputs_out_in_per_key_order(broker, topic_factory, worker_fa
     assert "stopped" in worker.log()
 
 
+def test_outputs_keep_per_key_order_when_the_next_record_starts_before_their_ack(
+    broker, topic_factory, worker_factory
+):
+    """Records without key state run on the batch path, where a key's next record
+    starts once the previous ActionDone is acked and its outputs are produced, not
+    acked: the outputs must still come out in input order per key."""
+    env = env_for(topic_factory)
+    keys = [f"user-{i}" for i in range(12)]
+    create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=3)
+    produce(broker.bootstrap, env["AS_INPUT"], [(k, {"n": n}) for n in range(60) for k in keys])
+    worker = worker_factory("tests.apps.stateless_order:app", env)
+    records = wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 1440, timeout=90)
+    assert len(records) == 1440, worker.log()
+    by_key = collections.defaultdict(list)
+    for r in records:
+        v = r.json()
+        by_key[v["key"]].append((v["n"], v["part"]))
+    assert sorted(by_key) == sorted(keys)
+    for key, seen in by_key.items():
+        assert seen == [(n, part) for n in range(60) for part in range(2)], key
+    assert worker.terminate() == 0
+
+
 def test_two_workers_share_partitions_and_failover(broker, topic_factory, worker_factory):
     env = env_for(topic_factory)
     create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=4)
