@@ -7,6 +7,7 @@ next topic offset it reflects (its checkpoint), so that a rebuild replays only t
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -26,6 +27,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+log = logging.getLogger("agents_stream.state")
 CHECKPOINT_KEY = b"\x00checkpoint"
 # Set once the partition holds an input record's entry keyed in the pre-v5 (topic-less)
 # layout: until then no action run can continue under a legacy identity, and the store
@@ -232,6 +234,8 @@ class PartitionCache:
         ):
             # This thread is the only writer: nothing changes RocksDB during the scan.
             self._slots = live = self._load_index()
+            if live is not None:
+                log.info("%s: live-entry index loaded again (%d records)", self.path, len(live))
         writes: dict[bytes, bytes | None] = {}
         if live is not None:
             # Per-record keys, the last write of each (as in RocksDB); puts noted now.
@@ -240,6 +244,13 @@ class PartitionCache:
                 if value is not None and not _index_key(live, key):
                     self._slots = live = None  # past the limit
                     self._dropped_at = time.monotonic()
+                    log.info(
+                        "%s: over %d input records with live journal entries: lookups read "
+                        "RocksDB until pruning brings it under (checked every %gs)",
+                        self.path,
+                        SLOT_INDEX_LIMIT,
+                        INDEX_RELOAD_AFTER,
+                    )
                     break
         batch = WriteBatch(raw_mode=True)
         put = batch.put

@@ -237,15 +237,18 @@ def test_a_replay_in_columns_is_apply_of_the_pairs(
 
 
 def test_an_index_dropped_past_its_limit_comes_back_once_pruning_shrinks_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A burst of live records must not leave the partition reading RocksDB for good."""
+    """A burst of live records must not leave the partition reading RocksDB for good;
+    an operator sees both changes in the log."""
+    caplog.set_level("INFO", logger="agents_stream.state")
     monkeypatch.setattr(cache_module, "SLOT_INDEX_LIMIT", 2)
     monkeypatch.setattr(cache_module, "INDEX_RELOAD_AFTER", 3600.0)
     cache = PartitionCache(tmp_path / "p0")
     done = [f"a\x1fk\x1f{seq}\x1forders\x1fA.p#0".encode() for seq in range(3)]
     cache.apply([(k, b"v") for k in done], 1)
     assert cache._slots is None  # three records live, over the limit
+    assert "over 2 input records with live journal entries" in caplog.text
     cache.apply([(done[0], None), (done[1], None)], 2)
     assert cache._slots is None  # not again before INDEX_RELOAD_AFTER
     monkeypatch.setattr(cache_module, "INDEX_RELOAD_AFTER", 0.0)
@@ -253,5 +256,6 @@ def test_an_index_dropped_past_its_limit_comes_back_once_pruning_shrinks_it(
     assert cache._slots is None  # a write that prunes nothing does not look
     cache.apply([(done[2], None)], 4)
     assert cache._slots is not None
+    assert "live-entry index loaded again (2 records)" in caplog.text
     assert not cache.may_hold(done[2]) and cache.may_hold(b"a\x1fk\x1f9\x1forders\x1fA.p#0")
     cache.close()
