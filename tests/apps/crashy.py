@@ -5,9 +5,13 @@ the worker at a precise point."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, fields, is_dataclass
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
 
 from agents_stream import (
     Agent,
@@ -68,6 +72,71 @@ def charge_parked(call_id: str, amount: int) -> dict:
     return {"charged": amount, "by": "call"}
 
 
+class Tier(enum.Enum):
+    GOLD = "gold"
+
+
+@dataclass(frozen=True)
+class Point:
+    x: int
+    y: float
+
+
+def rich_value(n: int) -> dict:
+    """A result from every corner of the journaled value domain that JSON would bend:
+    int and tuple keys, tuples, sets, -0.0, nan, a long int, Decimal's exponent, an
+    aware datetime, bytes, a dataclass and an enum member."""
+    return {
+        1: n,
+        (2, "b"): [(-0.0, float("nan")), 2**70 + n],
+        "amount": Decimal("10.50"),
+        "tags": {"x", "y", "z", "w"},
+        "frozen": frozenset({1, 2.5}),
+        "at": datetime(2026, 11, 25, 19, 0, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+        "day": date(2026, 11, 25),
+        "took": timedelta(seconds=1.5),
+        "raw": bytes(range(256)),
+        "id": uuid.UUID(int=n),
+        "point": Point(n, 0.1),
+        "tier": Tier.GOLD,
+        "none": None,
+        "flag": True,
+    }
+
+
+def shape(value: object) -> str:
+    """``value`` with every type spelled out (sets order-free, nan by name): equal
+    shapes mean equal values of equal types, recursively."""
+    if isinstance(value, dict):
+        items = ", ".join(f"{shape(k)}: {shape(v)}" for k, v in value.items())
+        return f"dict{{{items}}}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__}[{', '.join(shape(v) for v in value)}]"
+    if isinstance(value, (set, frozenset)):
+        return f"{type(value).__name__}{{{', '.join(sorted(shape(v) for v in value))}}}"
+    if is_dataclass(value) and not isinstance(value, type):
+        inner = ", ".join(f"{f.name}={shape(getattr(value, f.name))}" for f in fields(value))
+        return f"{type(value).__qualname__}({inner})"
+    if isinstance(value, float) and value != value:
+        return "float(nan)"
+    return f"{type(value).__qualname__}({value!r})"
+
+
+def rich(call_id: str, n: int) -> dict:
+    effect("rich", call_id)
+    return rich_value(n)
+
+
+def use(call_id: str, value: dict) -> str:
+    effect("use", call_id)
+    return shape(value)
+
+
+def refuse(call_id: str, n: int) -> None:
+    effect("refuse", call_id)
+    raise ValueError(Decimal("2.50"), (n, "x"), {1: b"\x00"})
+
+
 @dataclass
 class Scored(Event):
     n: int = 0
@@ -122,6 +191,17 @@ class Crashy(Agent):
                 out.append(ctx.execute(step, name, n))
                 park(f"reorder-{i}")
             ctx.send_event(OutputEvent(output={"n": n, "results": out}))
+        elif scenario == "values":  # guarantee 7 across a crash and a new process
+            value = ctx.execute(rich, n)
+            used = ctx.execute(use, value)  # its args digest is computed from the replay
+            try:
+                ctx.execute(refuse, n)
+            except ValueError as exc:
+                error = shape(exc.args)
+            park("values")
+            ctx.send_event(
+                OutputEvent(output={"n": n, "value": shape(value), "used": used, "error": error})
+            )
         elif scenario == "two-actions":  # (e) first action completes, second parks
             first = ctx.execute(step, "first", n)
             ctx.short_term_memory.set("count", ctx.short_term_memory.get("count", 0) + 1)

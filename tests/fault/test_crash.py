@@ -8,7 +8,10 @@ import time
 
 import pytest
 
+from decimal import Decimal
+
 from agents_stream.testing.topics import read_topic
+from tests.apps.crashy import rich_value, shape
 from tests.fault.scenario import CrashScenario, wait_log
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
@@ -120,3 +123,26 @@ def test_e_completed_record_re_consumed_is_skipped_without_duplicate_output(cras
     assert "actions_skipped=1" in restarted.log(), restarted.log()
     assert crash.effects() == {"fetch": 1, "score": 1, "notify": 1}
     assert len(read_topic(crash.broker.bootstrap, crash.env["AS_OUTPUT"])) == 1
+
+
+def test_g7_replayed_values_keep_their_types_in_a_new_process(crash):
+    """Guarantee 7 through Kafka, RocksDB and Avro, not an in-memory store: a result from
+    every corner of the value domain, a call taking it as its argument and a journaled
+    exception, all acked before the kill. The restarted process hashes strings
+    differently (another PYTHONHASHSEED), so a digest or a set that depended on it would
+    show up as a re-executed call or a changed shape."""
+    crash.arm("values")
+    crash.send({"scenario": "values", "n": 9})
+    worker = crash.start(PYTHONHASHSEED="1")
+    crash.wait_parked("values", worker)  # all three CallResults acked
+    worker.kill()
+    crash.disarm("values")
+    restarted = crash.start(PYTHONHASHSEED="2")
+    [out] = crash.outputs(1)
+    expected = shape(rich_value(9))
+    assert out["value"] == expected  # replayed in the new process
+    assert out["used"] == expected  # computed by the first one, journaled
+    assert out["error"] == shape((Decimal("2.50"), (9, "x"), {1: b"\x00"}))
+    assert crash.effects() == {"rich": 1, "use": 1, "refuse": 1}
+    assert restarted.terminate() == 0
+    assert "calls_replayed=3" in restarted.log()
