@@ -5,10 +5,9 @@ and counting the side effects recorded in SQLite."""
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 
 import pytest
-
-from decimal import Decimal
 
 from agents_stream.testing.topics import read_topic
 from tests.apps.crashy import rich_value, shape
