@@ -8,8 +8,10 @@ observes an acked record that the cache does not have yet.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -26,6 +28,11 @@ AckHook = Callable[[list["Ack"]], None]
 
 @dataclass
 class Ack:
+    """A delivery report as the hooks and futures see it: one record (``key``,
+    ``value``), or a whole group of one partition (``records``, see :class:`_Group`),
+    whose ``offset`` is then its last record's (or lower: only ever used as the highest
+    offset the cache has seen)."""
+
     topic: str
     partition: int
     offset: int
@@ -34,13 +41,15 @@ class Ack:
     future: Future[None] | _Countdown
     error: KafkaError | None = None
     sent: float = 0.0  # time.monotonic() at produce
+    records: Sequence[tuple[bytes | None, bytes | None]] | None = None
 
 
 class _Countdown:
     """Stands in for the future of each record of a group sent by
-    :meth:`AckingProducer.send_all`: the group's one future resolves when the last of
-    them is acked, or with the first failure. Only the poll thread's ``_dispatch``
-    resolves acks, so it needs no lock (a future and a callback per record did)."""
+    :meth:`AckingProducer.send_all` whose records are reported one by one (a hooked
+    topic without a partition): the group's one future resolves when the last of them
+    is acked, or with the first failure. Only the poll thread's ``_dispatch`` resolves
+    acks, so it needs no lock."""
 
     __slots__ = ("future", "left")
 
@@ -58,6 +67,46 @@ class _Countdown:
 
     def set_exception(self, exc: BaseException) -> None:
         self.future.set_exception(exc)
+
+
+class _Group:
+    """Records of one partition sent together, reported as one :class:`Ack` once the
+    last of ``expected`` delivery reports is in.
+
+    Why: every report takes the GIL, and per record the client built a Message, called
+    a partial, and the producer built an Ack that its dispatch, the cache hook, the
+    futures and the metrics each walked again: a few microseconds per record on the
+    thread that the event loop waits for. Now a report is a counter step, and the hooks
+    and the futures see one Ack per group.
+
+    Reports may come from two threads (the poll thread, and a ``poll``/``flush`` of a
+    sender whose queue was full), so the count is an ``itertools.count`` (one C call,
+    atomic under the GIL) and a failure is noted *before* it is counted: whoever takes
+    the last count sees every failure."""
+
+    __slots__ = ("_count", "_producer", "expected", "failed", "future", "records", "sent")
+
+    def __init__(
+        self,
+        producer: AckingProducer,
+        records: Sequence[tuple[bytes | None, bytes | None]],
+        future: AckFuture[None],
+        expected: int,
+        sent: float,
+    ) -> None:
+        self._producer = producer
+        self.records = records
+        self.future = future
+        self.expected = expected
+        self.sent = sent
+        self._count = itertools.count(1)
+        self.failed: list[tuple[KafkaError, Message]] = []
+
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.failed.append((err, msg))
+        if next(self._count) == self.expected:
+            self._producer._group_done(self, msg)
 
 
 class AckingProducer:
@@ -119,15 +168,23 @@ class AckingProducer:
         *,
         partition: int | None = None,
     ) -> Future[None]:
-        """Send ``(key, value)`` records; one future for all of them (first error wins)."""
+        """Send ``(key, value)`` records; one future for all of them (failed if any
+        record failed, once every record is reported)."""
         fut: AckFuture[None] = AckFuture()
         if not records:
             fut.set_result(None)
             return fut
-        group, sent = _Countdown(fut, len(records)), time.monotonic()
+        sent = time.monotonic()
+        if partition is None and topic in self._hooks:
+            # Keyed records of a hooked topic: the hook needs each one's partition.
+            countdown = _Countdown(fut, len(records))
+            for key, value in records:
+                delivered = partial(self._delivered, key, value, countdown, sent)
+                self._produce(topic, value, key, partition, None, delivered)
+            return fut
+        group_delivered = _Group(self, records, fut, len(records), sent).delivered
         for key, value in records:
-            delivered = partial(self._delivered, key, value, group, sent)
-            self._produce(topic, value, key, partition, None, delivered)
+            self._produce(topic, value, key, partition, None, group_delivered)
         return fut
 
     def send_untracked(
@@ -150,27 +207,41 @@ class AckingProducer:
         if not records:
             fut.set_result(None)
             return fut
-        sent = time.monotonic()
+        group = _Group(self, records, fut, 1, time.monotonic())
         for key, value in records[:-1]:
             self._produce(topic, value, key, partition, None, None)
-        delivered = partial(self._delivered_group, records, fut, sent)
         key, value = records[-1]
-        self._produce(topic, value, key, partition, None, delivered)
+        self._produce(topic, value, key, partition, None, group.delivered)
         return fut
 
-    def _delivered_group(
-        self,
-        records: Sequence[tuple[bytes | None, bytes | None]],
-        fut: AckFuture[None],
-        sent: float,
-        err: KafkaError | None,
-        msg: Message,
-    ) -> None:
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-        group = _Countdown(fut, len(records))
-        # The earlier records' offsets are below the last one's: the hook only uses the
-        # highest (the cache checkpoint).
-        acks = [Ack(topic, partition, offset, k, v, group, err, sent) for k, v in records]
+    def _group_done(self, group: _Group, last: Message) -> None:
+        """``group``'s last report is in: one Ack for its records; with failures, one
+        that fails the future first, then the records that did reach the log (if it
+        knows which: an untracked group does not, and applies none)."""
+        topic, partition = last.topic(), last.partition()
+        if not group.failed:
+            offset, future = last.offset(), group.future
+            acks = [
+                Ack(topic, partition, offset, None, None, future, None, group.sent, group.records)
+            ]
+        else:
+            error = group.failed[0][0]
+            acks = [Ack(topic, partition, -1, None, None, group.future, error, group.sent, ())]
+            if group.expected == len(group.records):  # every record reported: known
+                lost = Counter((msg.key(), msg.value()) for _, msg in group.failed)
+                reached = []
+                for record in group.records:
+                    if lost[record] > 0:
+                        lost[record] -= 1
+                    else:
+                        reached.append(record)
+                if reached:
+                    # The failure settled the future; offset -1 moves no checkpoint
+                    # (the highest reached offset is unknown here).
+                    future = group.future
+                    acks.append(
+                        Ack(topic, partition, -1, None, None, future, None, group.sent, reached)
+                    )
         with self._batch_lock:
             self._batch.extend(acks)
 

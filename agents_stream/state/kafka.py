@@ -248,11 +248,13 @@ class KafkaActionStateStore(ActionStateStore):
             cache = self._caches.get(partition)
             if cache is None:  # revoked meanwhile: the next owner replays it from the topic
                 continue
-            assert all(a.key is not None for a in group)
-            cache.apply(
-                [(a.key, a.value) for a in group],  # type: ignore[misc]
-                max(a.offset for a in group) + 1,
-            )
+            records: list[tuple[bytes, bytes | None]] = []
+            for a in group:
+                if a.records is None:
+                    records.append((a.key, a.value))  # type: ignore[arg-type]
+                else:  # a group of records (producer._Group)
+                    records.extend(a.records)  # type: ignore[arg-type]
+            cache.apply(records, max(a.offset for a in group) + 1)
 
     def close(self) -> None:
         with self._lock:

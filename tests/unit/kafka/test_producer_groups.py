@@ -1,8 +1,12 @@
 """One future for a group of sends (``AckingProducer.send_all``), resolved by the poll
-thread's dispatch: after every record of the group is acked, or at its first failure;
-the ack hooks (the RocksDB cache) still see each record before the future resolves."""
+thread's dispatch once every record of the group is reported: failed if any record
+failed; the ack hooks (the RocksDB cache) see the group's records, as one Ack, before
+the future resolves."""
 
 from __future__ import annotations
+
+import random
+import threading
 
 from confluent_kafka import KafkaError
 
@@ -21,8 +25,14 @@ class Recording:
 
 
 class Msg:
-    def __init__(self, topic: str, offset: int) -> None:
-        self._topic, self._offset = topic, offset
+    def __init__(self, topic: str, offset: int, key: bytes | None = None, value=None) -> None:  # type: ignore[no-untyped-def]
+        self._topic, self._offset, self._key, self._value = topic, offset, key, value
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
 
     def topic(self) -> str:
         return self._topic
@@ -43,20 +53,57 @@ def producer() -> tuple[AckingProducer, Recording, list[list[Ack]]]:
     return acking, fake, hooked
 
 
+def records_of(batch: list[Ack]) -> list[tuple[bytes | None, bytes | None, int]]:
+    """What a hook call applies: (key, value, the Ack's offset) per record."""
+    return [
+        (k, v, a.offset)
+        for a in batch
+        for k, v in (a.records if a.records is not None else [(a.key, a.value)])
+    ]
+
+
 def test_the_group_future_resolves_once_every_record_is_acked() -> None:
     acking, fake, hooked = producer()
     fut = acking.send_all("t", [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")], partition=0)
     for offset, (topic, _, _, delivered) in enumerate(fake.callbacks[:2]):
         delivered(None, Msg(topic, offset))
     acking._dispatch()
-    assert not fut.done() and [a.key for a in hooked[0]] == [b"a", b"b"]
+    assert not fut.done() and hooked == []
     fake.callbacks[2][3](None, Msg("t", 2))
     acking._dispatch()
     assert fut.done() and fut.exception() is None
-    assert [a.value for batch in hooked for a in batch] == [b"1", b"2", b"3"]
+    # One Ack for the group, at its last record's offset (the cache's checkpoint).
+    assert [len(batch) for batch in hooked] == [1]
+    assert records_of(hooked[0]) == [(b"a", b"1", 2), (b"b", b"2", 2), (b"c", b"3", 2)]
 
 
-def test_the_first_failure_fails_the_group_and_later_acks_are_ignored() -> None:
+def test_a_failure_fails_the_group_and_what_reached_the_log_is_still_applied() -> None:
+    acking, fake, hooked = producer()
+    fut = acking.send_all("t", [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")], partition=0)
+    fake.callbacks[0][3](None, Msg("t", 0))
+    fake.callbacks[1][3](KafkaError(KafkaError._MSG_TIMED_OUT), Msg("t", -1, b"b", b"2"))
+    acking._dispatch()
+    assert not fut.done()  # settled once every record is reported
+    fake.callbacks[2][3](None, Msg("t", 1))
+    acking._dispatch()
+    assert isinstance(fut.exception(), KafkaIOError)
+    # a and c are in the log: the cache has them, without moving its checkpoint.
+    assert records_of(hooked[0]) == [(b"a", b"1", -1), (b"c", b"3", -1)]
+
+
+def test_keyed_records_of_a_hooked_topic_are_reported_one_by_one() -> None:
+    """Without a partition the records may land anywhere: the hook needs each one's."""
+    acking, fake, hooked = producer()
+    fut = acking.send_all("t", [(b"a", b"1"), (b"b", b"2")])
+    fake.callbacks[0][3](None, Msg("t", 5))
+    acking._dispatch()
+    assert not fut.done() and records_of(hooked[0]) == [(b"a", b"1", 5)]
+    fake.callbacks[1][3](None, Msg("t", 9))
+    acking._dispatch()
+    assert fut.done() and fut.exception() is None
+
+
+def test_the_first_failure_fails_a_keyed_group_and_later_acks_are_ignored() -> None:
     acking, fake, _ = producer()
     fut = acking.send_all("t", [(b"a", b"1"), (b"b", b"2")])
     fake.callbacks[0][3](KafkaError(KafkaError._MSG_TIMED_OUT), Msg("t", 0))
@@ -65,6 +112,38 @@ def test_the_first_failure_fails_the_group_and_later_acks_are_ignored() -> None:
     fake.callbacks[1][3](None, Msg("t", 1))
     acking._dispatch()  # no second resolution of the group's future
     assert isinstance(fut.exception(), KafkaIOError)
+
+
+def test_reports_from_two_threads_settle_each_group_exactly_once() -> None:
+    """A sender whose queue is full polls too, so reports of one group may arrive on
+    two threads at once: every group must get exactly one Ack, carrying its failure."""
+    acking, fake, hooked = producer()
+    futures = [
+        acking.send_all("t", [(bytes([g, i]), b"v") for i in range(8)], partition=0)
+        for g in range(200)
+    ]
+    reports = list(fake.callbacks)
+    random.Random(7).shuffle(reports)
+    failing = {bytes([g, 3]) for g in range(0, 200, 5)}  # every fifth group loses one
+
+    def deliver(part: list) -> None:  # type: ignore[type-arg]
+        for topic, key, value, delivered in part:
+            if key in failing:
+                delivered(KafkaError(KafkaError._MSG_TIMED_OUT), Msg(topic, -1, key, value))
+            else:
+                delivered(None, Msg(topic, 1))
+
+    threads = [threading.Thread(target=deliver, args=(reports[i::2],)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    acking._dispatch()
+    for g, fut in enumerate(futures):
+        assert fut.done()
+        assert (fut.exception() is not None) == (g % 5 == 0)
+    applied = records_of([a for batch in hooked for a in batch])
+    assert len(applied) == 200 * 8 - len(failing)
 
 
 def test_an_empty_group_is_acked_at_once() -> None:
@@ -81,11 +160,7 @@ def test_an_untracked_group_reports_once_and_the_hook_sees_every_record() -> Non
     fake.callbacks[2][3](None, Msg("t", 7))
     acking._dispatch()
     assert fut.done() and fut.exception() is None
-    assert [(a.key, a.value, a.offset) for a in hooked[0]] == [
-        (b"a", b"1", 7),
-        (b"b", None, 7),
-        (b"c", b"3", 7),
-    ]
+    assert records_of(hooked[0]) == [(b"a", b"1", 7), (b"b", None, 7), (b"c", b"3", 7)]
 
 
 def test_a_failed_untracked_group_applies_nothing() -> None:
