@@ -270,6 +270,30 @@ def test_memory_forbidden_inside_async_code_blocks():
     asyncio.run(main())
 
 
+def test_an_async_code_block_cut_short_leaves_the_action_outside_it():
+    """The flag lives in the action's own context while the block is awaited in place:
+    a timeout (cancellation) or an error inside must not leave it set."""
+    store = InMemoryActionStateStore()
+    ctx = make_ctx(store)
+
+    async def hang():
+        await asyncio.sleep(10)
+
+    async def fail():
+        raise ValueError("no")
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.01):
+                await ctx.execute_async(hang)
+        ctx.short_term_memory.set("after-timeout", 1)
+        with pytest.raises(ValueError):
+            await ctx.execute_async(fail)
+        ctx.short_term_memory.set("after-error", 1)
+
+    asyncio.run(main())
+
+
 def test_gather_replays_deterministically_despite_completion_order():
     store = InMemoryActionStateStore()
     runs = []
