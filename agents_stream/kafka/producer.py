@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -79,6 +80,12 @@ class _Group:
     thread that the event loop waits for. Now a report is a counter step, and the hooks
     and the futures see one Ack per group.
 
+    The cache's checkpoint must never pass a record it lacks (a crash would then leave
+    that record out of the cache for good), and a group's records reach the cache only
+    with its last report. So the records of a hooked topic are produced under one lock:
+    a group stays contiguous in its partition, the broker acks it in that order, and no
+    later record of the partition is reported before the group is complete.
+
     Reports may come from two threads (the poll thread, and a ``poll``/``flush`` of a
     sender whose queue was full), so the count is an ``itertools.count`` (one C call,
     atomic under the GIL) and a failure is noted *before* it is counted: whoever takes
@@ -119,6 +126,9 @@ class AckingProducer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._batch_lock = threading.Lock()
+        # Held while a hooked topic's records are produced (see _Group: its records stay
+        # contiguous in their partition, so groups are acked in the order they were sent).
+        self._send_lock = threading.Lock()
         self._observers: list[AckHook] = []
 
     def observe_acks(self, hook: AckHook) -> None:
@@ -158,7 +168,8 @@ class AckingProducer:
         # A partial, not a closure: one allocation per record instead of a function and
         # its cells; the delivery report appends (err, msg).
         delivered = partial(self._delivered, key, value, fut, time.monotonic())
-        self._produce(topic, value, key, partition, headers, delivered)
+        with self._ordered(topic):
+            self._produce(topic, value, key, partition, headers, delivered)
         return fut
 
     def send_all(
@@ -178,13 +189,15 @@ class AckingProducer:
         if partition is None and topic in self._hooks:
             # Keyed records of a hooked topic: the hook needs each one's partition.
             countdown = _Countdown(fut, len(records))
-            for key, value in records:
-                delivered = partial(self._delivered, key, value, countdown, sent)
-                self._produce(topic, value, key, partition, None, delivered)
+            with self._send_lock:
+                for key, value in records:
+                    delivered = partial(self._delivered, key, value, countdown, sent)
+                    self._produce(topic, value, key, partition, None, delivered)
             return fut
         group_delivered = _Group(self, records, fut, len(records), sent).delivered
-        for key, value in records:
-            self._produce(topic, value, key, partition, None, group_delivered)
+        with self._ordered(topic):
+            for key, value in records:
+                self._produce(topic, value, key, partition, None, group_delivered)
         return fut
 
     def send_untracked(
@@ -208,11 +221,16 @@ class AckingProducer:
             fut.set_result(None)
             return fut
         group = _Group(self, records, fut, 1, time.monotonic())
-        for key, value in records[:-1]:
-            self._produce(topic, value, key, partition, None, None)
-        key, value = records[-1]
-        self._produce(topic, value, key, partition, None, group.delivered)
+        with self._ordered(topic):
+            for key, value in records[:-1]:
+                self._produce(topic, value, key, partition, None, None)
+            key, value = records[-1]
+            self._produce(topic, value, key, partition, None, group.delivered)
         return fut
+
+    def _ordered(self, topic: str) -> AbstractContextManager[object]:
+        """The send lock for a hooked topic (see :class:`_Group`), nothing otherwise."""
+        return self._send_lock if topic in self._hooks else nullcontext()
 
     def _group_done(self, group: _Group, last: Message) -> None:
         """``group``'s last report is in: one Ack for its records; with failures, one

@@ -6,6 +6,7 @@ the future resolves."""
 from __future__ import annotations
 
 import random
+import sys
 import threading
 
 from confluent_kafka import KafkaError
@@ -169,3 +170,33 @@ def test_a_failed_untracked_group_applies_nothing() -> None:
     fake.callbacks[1][3](KafkaError(KafkaError._MSG_TIMED_OUT), Msg("t", 3))
     acking._dispatch()
     assert isinstance(fut.exception(), KafkaIOError) and hooked == []
+
+
+def test_groups_sent_from_two_threads_stay_contiguous() -> None:
+    """A group reaches the cache with its last report, so no later record of its
+    partition may be reported first: a hooked topic's groups are produced whole, one
+    at a time, whatever thread sends them (the loop sends ActionDones while the poll
+    thread sends emitted markers and the Kafka thread pruning tombstones)."""
+    acking, fake, _ = producer()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+
+        def send(tag: int) -> None:
+            for g in range(20):
+                records = [(bytes([tag, g, i]), b"v") for i in range(200)]
+                if g % 2:
+                    acking.send_untracked("t", records, 0)
+                else:
+                    acking.send_all("t", records, partition=0)
+
+        threads = [threading.Thread(target=send, args=(tag,)) for tag in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    groups = [key[:2] for _, key, _, _ in fake.callbacks]
+    runs = [g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]
+    assert len(runs) == len(set(runs)) == 60  # each group in one piece
