@@ -61,6 +61,7 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import UnsupportedValueError
+from .jsontext import dumps_plain, plain_writer
 
 MAGIC = b"\x1e"
 VERSION = b"\x01"
@@ -360,6 +361,11 @@ def _text(tree: Any, canon: bool) -> str:
     return _WRITERS[canon](tree)
 
 
+# Stored (non-canonical) bytes of a tree: orjson where it writes it exactly. Digests stay
+# on the json writer above: their bytes must not change between releases.
+_stored_text = plain_writer(_WRITERS[False])
+
+
 def _encoded_tree(value: Any, canon: bool, where: str) -> Any:
     try:
         return _enc(value, canon)
@@ -434,12 +440,20 @@ def _tree(value: Any, canon: bool, where: str) -> Any:
 
 def encode_value(value: Any, *, where: str = "value") -> bytes:
     """Stored bytes of ``value``; raises UnsupportedValueError naming type and path."""
-    return _HEADER + _text(_tree(value, False, where), False).encode("utf-8", "surrogatepass")
+    return _HEADER + _stored_text(_tree(value, False, where))
+
+
+def plain_bytes(value: Any) -> bytes | None:
+    """Compact UTF-8 JSON of ``value`` as :func:`encode_value` writes it, when it is a
+    plain tree that orjson writes (else None: the caller's json path decides): what a
+    JSON output topic gets, whether its bytes come from the journal
+    (:func:`plain_json`) or are encoded for it."""
+    return dumps_plain(value) if _plain(value) else None
 
 
 def plain_json(stored: bytes) -> bytes | None:
-    """The compact UTF-8 ``json.dumps`` of the value ``stored`` (bytes of
-    :func:`encode_value`), when it is a plain tree: then the stored text is that JSON
+    """The compact UTF-8 JSON of the value ``stored`` (bytes of :func:`encode_value`),
+    as :func:`plain_bytes` writes it, when it is a plain tree: then the stored text is that JSON
     already, and a JSON output topic can take it as is instead of encoding the value a
     second time. None when the value may not be plain or not strict UTF-8: a tag is an
     object key starting with ``$`` (so its text holds ``"$``; a plain string starting

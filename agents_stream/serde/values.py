@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..durable import jsontext
+from ..durable.values import plain_bytes
 from ..errors import ConfigurationError
 from .avro import AvroSerde
 from .errors import SchemaError, ValueDecodeError, ValueEncodeError
@@ -33,6 +35,9 @@ class JsonValueCodec:
 
     def encode(self, value: Any) -> bytes:
         """Raises ValueEncodeError: ``value`` is not JSON-serializable."""
+        plain = plain_bytes(value)  # a plain tree: as its journaled bytes are written
+        if plain is not None:
+            return plain
         try:
             return _JSON.encode(value).encode()
         except (TypeError, ValueError) as exc:
@@ -41,8 +46,8 @@ class JsonValueCodec:
     def decode(self, data: bytes) -> Any:
         """Raises ValueDecodeError: ``data`` is not UTF-8 JSON."""
         try:
-            # Decode explicitly: json.loads(bytes) would also guess UTF-16/32.
-            return json.loads(bytes(data).decode("utf-8"))
+            # UTF-8 only (json.loads(bytes) would also guess UTF-16/32); see jsontext.
+            return jsontext.loads(data)
         except UnicodeDecodeError as exc:
             raise ValueDecodeError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from exc
         except ValueError as exc:
