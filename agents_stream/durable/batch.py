@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from .journal import MemorySnapshot
 
 Report = Callable[[int, RecordOutcome | Exception], None]
+# Records of one group commit finished together: (index, outcome) pairs in one call.
+ReportFinished = Callable[[list[tuple[int, RecordOutcome]]], None]
 
 
 class _Run:
@@ -88,12 +90,14 @@ class RecordBatch:
         runner: ActionRunner,
         records: Sequence[RecordInput],
         report: Report,
-        released: Callable[[int], None] | None = None,
+        released: Callable[[list[int]], None] | None = None,
+        finished: ReportFinished | None = None,
     ) -> None:
         self._runner = runner
         self._records = records
         self._report = report
         self._released = released
+        self._finished = finished
         self._ready: list[tuple[Callable[..., None], Any]] = []
         self._signal: asyncio.Future[None] | None = None
         self._outstanding = 0  # awaitables and tasks whose completion is still to come
@@ -254,19 +258,25 @@ class RecordBatch:
             return  # the group's report carries the failure (and frees the keys)
         released = self._released
         assert released is not None
-        for run, _, _ in group:
-            released(run.index)
+        released([run.index for run, _, _ in group])
 
     def _group_done(
         self, group: list[tuple[_Run, ActionDone, RecordOutcome]], fut: asyncio.Future[None]
     ) -> None:
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
-        for run, _, outcome in group:
-            if exc is not None:
+        if exc is not None:
+            for run, _, _ in group:
                 self._report(run.index, exc)  # type: ignore[arg-type]
-            else:
-                outcome.outputs.extend(run.ctx.outputs)
-                self._report(run.index, outcome)
+            return
+        pairs = []
+        for run, _, outcome in group:
+            outcome.outputs.extend(run.ctx.outputs)
+            pairs.append((run.index, outcome))
+        if self._finished is not None:
+            self._finished(pairs)  # one call for the group: the host's bookkeeping batched
+        else:
+            for index, outcome in pairs:
+                self._report(index, outcome)
 
     # -- plumbing -----------------------------------------------------------------------
     def _wait(self, fut: asyncio.Future[Any], handler: Callable[[Any], None]) -> None:

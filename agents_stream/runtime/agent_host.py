@@ -85,8 +85,9 @@ class AgentHost:
         """Process records of one partition with distinct keys together (the runner's
         batch path); ``finish(i, True)`` as soon as record ``i`` is finished, as
         :meth:`handle` returning would say. A record the error policy stops on is
-        reported ``False`` (not finished: never committed). ``finish.release(i)``, when
-        ``finish`` has it, is called once record ``i``'s key may run its next record."""
+        reported ``False`` (not finished: never committed). ``finish.release_many(ids)``,
+        when ``finish`` has it, is called once those records' keys may run their next
+        record; ``finish.many(ids, True)`` reports records finished together."""
         records: list[RecordInput] = []
         positions: list[int] = []
         tails: set[asyncio.Future[None]] = set()  # dead letters being acked
@@ -115,11 +116,32 @@ class AgentHost:
             else:
                 later(index, self._conclude(msg, key, records[position], outcome))
 
-        release = getattr(finish, "release", None)
-        released = None if release is None else (lambda position: release(positions[position]))
+        def finished(pairs: list[tuple[int, RecordOutcome]]) -> None:
+            """The records of one group commit, finished: counted, then reported to the
+            controller in one call."""
+            done = []
+            for position, outcome in pairs:
+                index = positions[position]
+                self._finished(items[index][0], records[position], outcome)
+                done.append(index)
+            if finish_many is not None:
+                finish_many(done, True)
+            else:
+                for index in done:
+                    finish(index, True)
+
+        def released(found: list[int]) -> None:
+            release_many([positions[position] for position in found])  # type: ignore[misc]
+
+        # The controller's finish (runtime/controller.py) has both; a plain callable
+        # reports one record at a time and frees keys only when records finish.
+        finish_many = getattr(finish, "many", None)
+        release_many = getattr(finish, "release_many", None)
         try:
             if records:
-                await self.runner.run_batch(records, report, released)
+                await self.runner.run_batch(
+                    records, report, None if release_many is None else released, finished
+                )
             while tails:
                 await asyncio.wait(list(tails))
         finally:

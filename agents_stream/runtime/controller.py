@@ -105,6 +105,16 @@ class _Finish:
     def release(self, index: int) -> None:
         self._controller._batch_item_released(self._batch, index)
 
+    def many(self, indices: list[int], ok: bool) -> None:
+        """``finish(i, ok)`` for each of ``indices``, the shared bookkeeping once."""
+        self._controller._batch_items_done(self._batch, indices, ok)
+
+    def release_many(self, indices: list[int]) -> None:
+        """``release(i)`` for each of ``indices``."""
+        controller, batch = self._controller, self._batch
+        for index in indices:
+            controller._batch_item_released(batch, index)
+
 
 @dataclass
 class _Drain:
@@ -285,6 +295,24 @@ class ExecutionController:
         self._release(item, ok)
         self._pump(item.key)
 
+    def _batch_items_done(self, batch: _Batch, indices: list[int], ok: bool) -> None:
+        """``_batch_item_done`` of many: each record is released and its key pumped in
+        order, what depends only on the totals (admission, capacity, idleness) once."""
+        is_open, released, busy = batch.open, batch.released, self._busy
+        for index in indices:
+            if index not in is_open:
+                continue
+            is_open.discard(index)
+            item = batch.items[index]
+            if index in released:  # its key may run the next record already
+                released.discard(index)
+                self._release(item, ok, settle=False)
+                continue
+            busy.discard(item.key)
+            self._release(item, ok, settle=False)
+            self._pump(item.key)
+        self._settle()
+
     def _batch_item_released(self, batch: _Batch, index: int) -> None:
         if index not in batch.open or index in batch.released:
             return
@@ -316,7 +344,9 @@ class ExecutionController:
         self._release(item, ok)
         self._pump(item.key)
 
-    def _release(self, item: _Pending, ok: bool, *, admitted: bool = True) -> None:
+    def _release(
+        self, item: _Pending, ok: bool, *, admitted: bool = True, settle: bool = True
+    ) -> None:
         if admitted:
             self._in_flight -= 1
         try:
@@ -324,6 +354,11 @@ class ExecutionController:
         except Exception:  # the host's bookkeeping failed; the key must still go on
             log.exception("done callback for key %r failed", item.key)
         self.epochs.leave(item.epoch)  # may trigger a watermark, which may submit timers
+        if settle:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Admission, capacity and idleness after records were released."""
         self._admit_waiting()
         if self.epochs.mode == "strict":
             self._unblock()

@@ -350,8 +350,8 @@ def test_a_key_is_released_once_its_outputs_are_sent_and_reported_once_they_are_
     sink, events = SlowSink(), []
 
     async def main() -> None:
-        def released(index: int) -> None:
-            events.append(("released", index, len(sink.sent)))
+        def released(indices: list[int]) -> None:
+            events.extend(("released", index, len(sink.sent)) for index in indices)
 
         def report(index: int, result: Any) -> None:
             events.append(("reported", index, len(sink.sent)))

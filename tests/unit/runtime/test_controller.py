@@ -540,3 +540,59 @@ def test_a_released_key_runs_its_next_record_while_the_first_stays_in_flight() -
         assert finished == [0, 1, 2] and started == [0, 1, 2]
 
     run(main())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.sampled_from("abcd"), min_size=1, max_size=40),
+    st.integers(1, 8),
+    st.sampled_from(["out_of_order", "strict"]),
+    st.integers(0, 10_000),
+)
+def test_records_reported_in_groups_keep_key_order_and_the_limit(keys, limit, mode, seed):
+    """``finish.many`` / ``finish.release_many`` (a group commit's records reported in
+    one call) hold what one call per record holds: per key, records start in order and
+    only once the previous one was released or finished; the in-flight limit holds;
+    every record finishes; nothing is left in flight."""
+    from agents_stream.runtime.controller import Batched
+
+    rng = random.Random(seed)
+    started: list[tuple[str, int]] = []
+    freed: set[int] = set()  # records whose key was released or that finished
+    finished: list[int] = []
+
+    async def main() -> ExecutionController:
+        controller = ExecutionController(limit, epoch_mode=mode)
+
+        async def batch(payloads: list[tuple[str, int]], finish) -> None:  # type: ignore[no-untyped-def]
+            for key, offset in payloads:
+                earlier = [o for k, o in started if k == key]
+                assert all(o in freed for o in earlier), (key, offset, "started too early")
+                assert all(o < offset for o in earlier), (key, offset, "out of order")
+                assert controller.in_flight <= limit
+                started.append((key, offset))
+            todo = list(range(len(payloads)))
+            rng.shuffle(todo)
+            while todo:
+                n = rng.randint(1, 3)
+                group, todo = todo[:n], todo[n:]
+                await asyncio.sleep(rng.random() * 0.002)
+                if rng.random() < 0.5:
+                    finish.release_many(group)
+                    freed.update(payloads[i][1] for i in group)
+                    await asyncio.sleep(0)
+                freed.update(payloads[i][1] for i in group)
+                finish.many(group, True)
+                finish.many(group, True)  # a second report is ignored
+
+        for offset, key in enumerate(keys):
+            work = Batched("p0", (key, offset), batch)
+            controller.submit(key, "p0", work, lambda ok, o=offset: finished.append(o))
+            if rng.random() < 0.3:
+                await asyncio.sleep(0)
+        await asyncio.wait_for(controller.join(), 10)
+        return controller
+
+    controller = run(main())
+    assert sorted(finished) == list(range(len(keys)))
+    assert controller.in_flight == 0 and controller.waiting == 0
