@@ -36,14 +36,15 @@ except ImportError:  # pragma: no cover - orjson is a dependency; degrade, don't
 _LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
-def loads(data: bytes) -> Any:
-    """``json.loads(data.decode("utf-8"))``: the same value, or the same exception."""
+def loads(data: bytes, errors: str = "strict") -> Any:
+    """``json.loads(data.decode("utf-8", errors))``: the same value, or the same
+    exception (orjson reads strict UTF-8 only; what it refuses goes to json)."""
     if _fast_loads is not None and _LONG_DIGITS.search(data) is None:
         try:
             return _fast_loads(data)
         except ValueError:  # json decides: it may read it, or raises its own error
             pass
-    return json.loads(bytes(data).decode("utf-8"))
+    return json.loads(bytes(data).decode("utf-8", errors))
 
 
 def dumps_plain(tree: Any) -> bytes | None:

@@ -61,7 +61,7 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import UnsupportedValueError
-from .jsontext import dumps_plain, plain_writer
+from .jsontext import dumps_plain, loads, plain_writer
 
 MAGIC = b"\x1e"
 VERSION = b"\x01"
@@ -487,7 +487,23 @@ def decode_value(data: bytes) -> Any:
         return json.loads(raw)
     if raw[1:2] != VERSION:
         raise ValueError(f"unknown journal value format version {raw[1:2]!r}")
-    return json.loads(raw[2:].decode("utf-8", "surrogatepass"), object_hook=_dec_object)
+    body = raw[2:]
+    # No tag anywhere (none spelled with an escape either): the hook would return every
+    # object as it is.
+    if b'"$' not in body and b"\\u" not in body:
+        return loads(body, "surrogatepass")
+    return _decode_tagged(body)
+
+
+def _decode_tagged(body: bytes) -> Any:
+    """A tagged body, every object through the tag hook; malformed data raises
+    ValueError (the caller names the journal slot), whatever a tag's payload holds."""
+    try:
+        return json.loads(body.decode("utf-8", "surrogatepass"), object_hook=_dec_object)
+    except (ValueError, RecursionError):
+        raise
+    except Exception as exc:  # a tag's payload of the wrong shape, e.g. {"$enum": null}
+        raise ValueError(f"malformed journal value: {type(exc).__name__}: {exc}") from exc
 
 
 def _dec_class(name: str, want: type) -> Any:

@@ -155,3 +155,24 @@ decimal_texts = st.builds(
 @example(b"2.2250738585072011e-308")
 def test_loads_rounds_long_decimals_as_json_does(data: bytes) -> None:
     check_loads(data)
+
+
+@given(
+    trees.map(lambda t: json.dumps(t).encode("utf-8", "surrogatepass"))
+    | st.lists(pieces | st.just(b'{"$t":[1]}') | st.just(b'"\\u0024t"'), max_size=10).map(
+        b"".join
+    )
+)
+@example(b'{"\\u0024t":[1,2]}')
+@example(b'{"$enum": null}')
+@example(b'{"a":"\xed\xa0\x80"}')
+def test_journal_values_without_tags_read_as_through_the_hook(body: bytes) -> None:
+    """``decode_value`` skips the object hook when no tag can be in the text; what it
+    returns (or raises) is what the hook path does. Malformed data raises ValueError
+    only (the journal names the slot), whatever a tag's payload holds."""
+    from agents_stream.durable.values import _decode_tagged, decode_value
+
+    want = outcome(_decode_tagged, body)
+    got = outcome(lambda b: decode_value(b"\x1e\x01" + b), body)
+    assert want[0] == got[0], (body, want, got)
+    assert same(want[1], got[1]), (body, want, got)
