@@ -66,6 +66,7 @@ from .journal import (
     CallEntry,
     CallStatus,
     ExceptionInfo,
+    TimerUpdate,
     Tombstone,
     Truncation,
     entry_key,
@@ -190,15 +191,53 @@ class RunnerContext:
         self._slots: dict[int, CallEntry] | None = None  # read on the first call
         self._resolved: set[int] = set()  # slots this run replayed or (re)wrote
         self._next_index = 0
-        # Not the bound method: memory and timers holding it would make every context a
-        # reference cycle, left (with its closures, ~18 objects a record) to the collector.
-        guard = partial(_refuse_in_code_block, ref.action)
-        self.short_term_memory = ShortTermMemory(memory_base, guard)
-        self.timers = Timers(guard, firing)
+        # Memory and timers are built when the action first touches them: most actions
+        # touch neither, and a context is built for every action run.
+        self._memory_base = memory_base
+        self._firing = firing
+        self._memory: ShortTermMemory | None = None
+        self._timers: Timers | None = None
         self.sent_events: list[Event] = []
         self.outputs: list[Any] = []
         self.replayed_calls = 0
         self.executed_calls = 0
+
+    def _guard_fn(self) -> Callable[[str], None]:
+        # Not the bound method: memory and timers holding it would make every context a
+        # reference cycle, left (with its closures, ~18 objects a record) to the collector.
+        return partial(_refuse_in_code_block, self.ref.action)
+
+    @property
+    def short_term_memory(self) -> ShortTermMemory:
+        """The key's short-term memory (get/set/delete); not inside a code block."""
+        memory = self._memory
+        if memory is None:
+            memory = self._memory = ShortTermMemory(self._memory_base, self._guard_fn())
+        return memory
+
+    @short_term_memory.setter
+    def short_term_memory(self, memory: ShortTermMemory) -> None:
+        self._memory = memory
+
+    @property
+    def timers(self) -> Timers:
+        """Timers of the key (register/delete event- and processing-time timers)."""
+        timers = self._timers
+        if timers is None:
+            timers = self._timers = Timers(self._guard_fn(), self._firing)
+        return timers
+
+    @timers.setter
+    def timers(self, timers: Timers) -> None:
+        self._timers = timers
+
+    def _effects(self) -> tuple[dict[str, bytes | None], tuple[TimerUpdate, ...]]:
+        """The memory updates and timer changes of this run (both empty when untouched)."""
+        memory, timers = self._memory, self._timers
+        return (
+            memory.updates if memory is not None else {},
+            timers.updates if timers is not None else (),
+        )
 
     @property
     def _journal(self) -> dict[int, CallEntry]:

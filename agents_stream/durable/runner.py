@@ -324,7 +324,7 @@ class ActionRunner:
         if keyless:  # no memory and no timers: both are per key
             topic = ref.topic or self.topic
             error = lambda: KeylessRecordError(topic, ref.partition, ref.seq)  # noqa: E731
-            ctx.short_term_memory = KeylessMemory(error, ctx.timers._guard)
+            ctx.short_term_memory = KeylessMemory(error, ctx._guard_fn())
             ctx.timers = Timers(_raiser(error), firing)
         return ctx, snapshot, base
 
@@ -339,8 +339,8 @@ class ActionRunner:
         outcome.actions_run += 1
         outcome.calls_executed += ctx.executed_calls
         outcome.calls_replayed += ctx.replayed_calls
-        memory_updates = tuple(MemoryUpdate(n, v) for n, v in ctx.short_term_memory.updates.items())
-        timers = ctx.timers.updates
+        memory, timers = ctx._effects()
+        memory_updates = tuple(MemoryUpdate(n, v) for n, v in memory.items()) if memory else ()
         changed = bool(memory_updates or timers)
         outputs = ctx.outputs
         return ActionDone(
