@@ -195,7 +195,8 @@ class ExecutionController:
         """
         item = _Pending(key, group, work, done, self.epochs.enter())
         self._idle.clear()
-        drain = next((d for d in self._drains if d.selects(item)), None)
+        drains = self._drains
+        drain = next((d for d in drains if d.selects(item)), None) if drains else None
         if drain is not None:
             drain.abandoned += 1
             self._release(item, False, admitted=False)
@@ -216,7 +217,9 @@ class ExecutionController:
         self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
         if self._in_flight >= self.max_in_flight:
             self._capacity.clear()
-        buffer = self._buffers.setdefault(item.key, deque())
+        buffer = self._buffers.get(item.key)
+        if buffer is None:  # not setdefault: that builds a deque per record
+            buffer = self._buffers[item.key] = deque()
         # Epoch order first: a timer of an older epoch must not wait behind records that
         # (in strict mode) cannot start before its watermark is emitted.
         position = len(buffer)
