@@ -670,7 +670,21 @@ class _ObjectEncoderCompiler(_EncoderCompiler):
             return [f"{self.fn_of[s['name']]}({v})"]
         if k == "union":
             return [self.union_parts(s, v, ind)]
-        if k in ("array", "map"):
+        if k == "array":
+            # Most of an entry's arrays are empty (an ActionDone's memory updates, events,
+            # timers): their encoding is the end marker alone, no list and join.
+            x, w = self.var("x"), self.var("w")
+            e(ind, f"if {v}.__class__ is not tuple and {v}.__class__ is not list:")
+            e(ind + 1, "raise Misfit")
+            e(ind, f"if not {v}:")
+            e(ind + 1, f"{x} = b'\\x00'")
+            e(ind, "else:")
+            e(ind + 1, f"{w} = []")
+            e(ind + 1, f"ap = {w}.append")
+            self.enc(s, v, ind + 1)
+            e(ind + 1, f"{x} = b''.join({w})")
+            return [x]
+        if k == "map":
             x, w = self.var("x"), self.var("w")
             e(ind, f"{w} = []")
             e(ind, f"ap = {w}.append")
