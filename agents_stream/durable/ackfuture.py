@@ -4,8 +4,9 @@ The stock Future allocates a ``threading.Condition`` (a lock and a waiter list) 
 instance and takes it on every call; a worker creates a few per input record, so that
 was a measurable share of the hot path. An acknowledgement is never cancelled and is
 rarely waited on by a blocked thread (the event loop awaits it through a done callback),
-so this one shares one module lock for its short critical sections and creates a
-``threading.Event`` only when a thread actually blocks in :meth:`result`.
+so this one takes no lock between its resolver and its registrants (a list and the GIL's
+atomic steps, see :meth:`add_done_callback`) and creates a ``threading.Event`` only when a
+thread actually blocks in :meth:`result`.
 
 It is a drop-in for the uses this library makes of futures: ``done``, ``result``,
 ``exception`` (with timeouts), ``add_done_callback``, ``set_result``/``set_exception``,
@@ -33,7 +34,7 @@ class AckFuture(Future[T]):
         self._ack_state = _PENDING
         self._value: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[Future[T]], object]] | None = None
+        self._callbacks: list[Callable[[Future[T]], object]] = []
         self._event: threading.Event | None = None
 
     def __repr__(self) -> str:
@@ -60,12 +61,14 @@ class AckFuture(Future[T]):
     def _wait(self, timeout: float | None) -> None:
         if self._ack_state == _DONE:
             return
-        with _LOCK:
-            if self._ack_state == _DONE:
-                return
+        with _LOCK:  # among waiting threads only: the resolver never takes it
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
+        # Stored before this check, read by the resolver after it marks the future done:
+        # one of the two sees the other's write.
+        if self._ack_state == _DONE:
+            return
         if not event.wait(timeout):
             raise TimeoutError()
 
@@ -80,15 +83,15 @@ class AckFuture(Future[T]):
         return self._error
 
     def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
-        if self._ack_state != _DONE:
-            with _LOCK:
-                if self._ack_state != _DONE:
-                    if self._callbacks is None:
-                        self._callbacks = [fn]
-                    else:
-                        self._callbacks.append(fn)
-                    return
-        self._call(fn)
+        if self._ack_state == _DONE:
+            self._call(fn)
+            return
+        # No lock: the resolver marks the future done and then drains the list, this
+        # thread appends and then checks the mark, and each callback is taken by exactly
+        # one ``pop`` (atomic under the GIL), whichever thread gets to it.
+        self._callbacks.append(fn)
+        if self._ack_state == _DONE:
+            self._drain()
 
     # -- resolving --------------------------------------------------------------------
     def set_result(self, result: T) -> None:
@@ -98,18 +101,28 @@ class AckFuture(Future[T]):
         self._finish(None, exception or CancelledError())
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
-        with _LOCK:
-            if self._ack_state == _DONE:
-                raise InvalidStateError(f"{self!r} is already finished")
-            self._value, self._error = value, error
-            self._ack_state = _DONE
-            callbacks, self._callbacks = self._callbacks, None
-            event = self._event
+        # Lock-free (see add_done_callback): a lock shared with the loop thread convoyed.
+        # A resolver preempted inside its critical section (every GIL switch interval)
+        # left the loop blocked on the lock until the resolver got the GIL back.
+        # One thread resolves an ack, so the double-set check needs no atomicity.
+        if self._ack_state == _DONE:
+            raise InvalidStateError(f"{self!r} is already finished")
+        self._value, self._error = value, error
+        self._ack_state = _DONE
+        event = self._event
         if event is not None:
             event.set()
-        if callbacks:
-            for fn in callbacks:
-                self._call(fn)
+        if self._callbacks:
+            self._drain()
+
+    def _drain(self) -> None:
+        callbacks = self._callbacks
+        while callbacks:
+            try:
+                fn = callbacks.pop(0)  # registration order, each taken once
+            except IndexError:  # the other thread took the last one
+                return
+            self._call(fn)
 
     def _call(self, fn: Callable[[Future[T]], object]) -> None:
         try:

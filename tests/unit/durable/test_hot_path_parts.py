@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import pytest
@@ -68,6 +70,74 @@ def test_ack_future_resolves_callbacks_and_waiters_once() -> None:
     assert seen == [7, -7] and fut.exception() is None
     with pytest.raises(Exception, match="already finished"):
         fut.set_result(8)
+
+
+def test_ack_future_registration_racing_resolution_calls_each_callback_once() -> None:
+    """No lock between the resolver and registrants (it convoyed the event loop): with
+    GIL switches forced every microsecond, every callback registered from two threads
+    while a third resolves runs exactly once, and a blocked waiter always wakes."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(200):
+            _race_once()
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _race_once() -> None:
+    fut: AckFuture[int] = AckFuture()
+    calls: list[int] = []
+    woke: list[int] = []
+    start = threading.Barrier(4)
+
+    def register(base: int) -> None:
+        start.wait()
+        for i in range(50):
+            fut.add_done_callback(lambda f, n=base + i: calls.append(n))
+
+    def wait() -> None:
+        start.wait()
+        woke.append(fut.result(timeout=5))
+
+    def resolve() -> None:
+        start.wait()
+        fut.set_result(1)
+
+    threads = [
+        threading.Thread(target=register, args=(0,)),
+        threading.Thread(target=register, args=(100,)),
+        threading.Thread(target=wait),
+        threading.Thread(target=resolve),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(calls) == [*range(50), *range(100, 150)]
+    assert woke == [1]
+
+
+@pytest.mark.parametrize("resolved_at", ["before append", "after append"])
+def test_ack_future_resolution_between_a_registrants_steps(resolved_at: str) -> None:
+    """The two interleavings the lock-free registration must survive, made
+    deterministic: the resolver runs between the registrant's check and its append
+    (the registrant must then run the callback itself), or between its append and its
+    second check (the resolver runs it; the registrant must not run it again)."""
+
+    class Preempted(list[Callable[..., object]]):
+        def append(self, fn: Callable[..., object]) -> None:
+            if resolved_at == "before append":
+                fut.set_result(1)
+            super().append(fn)
+            if resolved_at == "after append":
+                fut.set_result(1)
+
+    fut: AckFuture[int] = AckFuture()
+    fut._callbacks = Preempted()
+    calls: list[int] = []
+    fut.add_done_callback(lambda f: calls.append(f.result()))
+    assert calls == [1]
 
 
 def test_ack_future_errors_and_raising_callbacks() -> None:

@@ -159,9 +159,7 @@ def test_loads_rounds_long_decimals_as_json_does(data: bytes) -> None:
 
 @given(
     trees.map(lambda t: json.dumps(t).encode("utf-8", "surrogatepass"))
-    | st.lists(pieces | st.just(b'{"$t":[1]}') | st.just(b'"\\u0024t"'), max_size=10).map(
-        b"".join
-    )
+    | st.lists(pieces | st.just(b'{"$t":[1]}') | st.just(b'"\\u0024t"'), max_size=10).map(b"".join)
 )
 @example(b'{"\\u0024t":[1,2]}')
 @example(b'{"$enum": null}')
