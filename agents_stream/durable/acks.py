@@ -9,8 +9,8 @@ ack that arrived meanwhile.
 from __future__ import annotations
 
 import asyncio
-import threading
 import weakref
+from collections import deque
 from concurrent.futures import Future
 from typing import TypeVar
 
@@ -18,10 +18,19 @@ T = TypeVar("T")
 
 
 class _Waker:
+    """Settles loop futures for concurrent ones resolved on other threads, one loop
+    callback per burst.
+
+    No lock: the threads resolving acks (the producer's poll thread, code-block threads)
+    would share it with the loop, and one of them preempted while holding it (every GIL
+    switch interval) blocked the loop until it got the GIL back. Instead ``_ready`` is
+    never replaced (appends and ``popleft`` are atomic under the GIL), and the loop clears
+    ``_scheduled`` *before* draining: an arrival either lands in the deque before the
+    drain empties it, or sees the flag cleared and schedules another drain."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._lock = threading.Lock()
-        self._ready: list[tuple[asyncio.Future[object], Future[object]]] = []
+        self._ready: deque[tuple[asyncio.Future[object], Future[object]]] = deque()
         self._scheduled = False
 
     def wrap(self, fut: Future[T]) -> asyncio.Future[T]:
@@ -33,20 +42,23 @@ class _Waker:
         return waiter
 
     def _arrived(self, waiter: asyncio.Future[object], fut: Future[object]) -> None:
-        with self._lock:
-            self._ready.append((waiter, fut))
-            if self._scheduled:
-                return
-            self._scheduled = True
+        self._ready.append((waiter, fut))
+        if self._scheduled:
+            return
+        self._scheduled = True
         try:
             self._loop.call_soon_threadsafe(self._flush)
         except RuntimeError:  # loop closed: nobody is waiting any more
             pass
 
     def _flush(self) -> None:
-        with self._lock:
-            ready, self._ready, self._scheduled = self._ready, [], False
-        for waiter, fut in ready:
+        self._scheduled = False
+        ready = self._ready
+        while ready:
+            try:
+                waiter, fut = ready.popleft()
+            except IndexError:
+                return
             _settle(waiter, fut)
 
 

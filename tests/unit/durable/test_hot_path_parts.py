@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 
 from agents_stream.durable import keys
 from agents_stream.durable.ackfuture import AckFuture, resolved, then
+from agents_stream.durable.acks import _Waker, acked
 from agents_stream.durable.journal import (
     ActionDone,
     ActionRef,
@@ -159,6 +162,76 @@ def test_ack_future_under_asyncio_wrap_future() -> None:
         return await asyncio.wrap_future(fut)
 
     assert asyncio.run(main()) == 3
+
+
+def test_acked_settles_every_waiter_resolved_from_racing_threads() -> None:
+    """The loop's waker takes no lock: acks resolved by three threads at once, with GIL
+    switches forced every microsecond, each settle their loop future exactly once (a
+    lost wake-up would leave a waiter pending and time the gather out)."""
+
+    async def main() -> list[int]:
+        futures: list[AckFuture[int]] = [AckFuture() for _ in range(3000)]
+        waiters = [acked(f) for f in futures]
+
+        def resolve(part: int) -> None:
+            for i in range(part, len(futures), 3):
+                futures[i].set_result(i)
+
+        threads = [threading.Thread(target=resolve, args=(p,)) for p in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            return await asyncio.wait_for(asyncio.gather(*waiters), timeout=10)
+        finally:
+            for t in threads:
+                t.join()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(5):
+            assert asyncio.run(main()) == list(range(3000))
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_an_ack_arriving_just_after_the_wakers_drain_schedules_another() -> None:
+    """The interleaving the lock-free waker must survive, made deterministic: another
+    thread's ack lands right after the loop's drain found the queue empty. The drain
+    cleared its flag first, so that arrival schedules the next drain."""
+    loop = asyncio.new_event_loop()
+    scheduled: list[Callable[[], object]] = []
+
+    class Loop:
+        def create_future(self) -> asyncio.Future[Any]:
+            return loop.create_future()
+
+        def call_soon_threadsafe(self, fn: Callable[[], object]) -> None:
+            scheduled.append(fn)
+
+    waker = _Waker(Loop())  # type: ignore[arg-type]
+    late: AckFuture[int] = AckFuture()
+    late.set_result(2)
+    late_waiter: asyncio.Future[Any] = loop.create_future()
+
+    class ArrivesWhenDrained(deque[Any]):
+        arrived = False
+
+        def __len__(self) -> int:
+            n = super().__len__()
+            if n == 0 and not self.arrived:
+                self.arrived = True
+                waker._arrived(late_waiter, late)  # type: ignore[arg-type]
+            return n
+
+    waker._ready = ArrivesWhenDrained()
+    first: AckFuture[int] = AckFuture()
+    first_waiter = waker.wrap(first)
+    first.set_result(1)
+    while scheduled:  # the loop runs each scheduled drain
+        scheduled.pop(0)()
+    assert first_waiter.result() == 1 and late_waiter.result() == 2
+    loop.close()
 
 
 def test_then_runs_the_step_after_success_only() -> None:
