@@ -1,10 +1,16 @@
 """Interpreter settings for a process that runs records: the worker and the benchmarks
 that measure its path use the same ones.
 
-* GIL switch interval 1 ms (default 5 ms): journal acks are resolved on the producer's
-  thread, and the client takes the GIL once per delivery report; behind a busy event
-  loop each report waited up to a switch interval, so ack latency under load rose from
-  ~3 ms to 20-36 ms.
+* GIL switch interval 200 us (Python's default 5 ms; ``AGENTS_STREAM_GIL_SWITCH_US``):
+  while the event loop is busy, every other thread on a record's path (the producer's
+  poll thread resolving journal acks, the Kafka thread, code-block threads) waits up to
+  one interval for the GIL each time it needs it. Measured with ``bench_journal.py`` (500
+  records in flight), journal ack latency p50 / p99 under load: 9.6-19 / 14-36 ms at
+  1 ms, 4.4-7.7 / 9-23 ms at 200 us, 3.6-4.3 / 7-13 ms at 50 us (idle: 2.5 ms). Shorter
+  intervals cost throughput (smaller bursts of acks per switch, more switches): against
+  1 ms, a backlog drain measured 0.96-0.98x at 200 us, 0.92-0.94x at 100 us and
+  0.88-0.96x at 50 us (``bench/ab_worker.py``). 200 us keeps most of both; lower it for
+  acks (each journaled call waits for one), raise it for a drain's last percent.
 * Young-generation collection every ``GC_THRESHOLD`` allocations (default 700): each
   record allocates a few dozen objects that live for its ack round trips; the default
   collector ran every few records and its full passes over thousands of records in
@@ -16,20 +22,48 @@ that measure its path use the same ones.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-SWITCH_INTERVAL = 0.001  # seconds
+from ..errors import ConfigurationError
+
+SWITCH_ENV = "AGENTS_STREAM_GIL_SWITCH_US"
+DEFAULT_SWITCH_US = 200
 GC_THRESHOLD = 50_000  # allocations between young-generation collections
+
+
+def switch_interval() -> float | None:
+    """The GIL switch interval ``AGENTS_STREAM_GIL_SWITCH_US`` asks for, in seconds; None
+    when it is not set (the default applies, unless the process already switches more
+    often). A value that is not a number of microseconds from 10 to 100,000 is refused
+    at start, naming the variable."""
+    raw = os.environ.get(SWITCH_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        micros = float(raw)
+    except ValueError:
+        micros = float("nan")
+    if not 10 <= micros <= 100_000:
+        raise ConfigurationError(
+            f"{SWITCH_ENV}={raw!r}: expected the GIL switch interval in microseconds, "
+            f"10 to 100000 (default {DEFAULT_SWITCH_US})"
+        )
+    return micros / 1e6
 
 
 @contextmanager
 def record_processing() -> Iterator[None]:
     """Apply the settings for the duration of the block; restore them after."""
+    asked = switch_interval()
     interval = sys.getswitchinterval()
     thresholds = gc.get_threshold()
-    sys.setswitchinterval(min(interval, SWITCH_INTERVAL))
+    if asked is None:
+        sys.setswitchinterval(min(interval, DEFAULT_SWITCH_US / 1e6))
+    else:
+        sys.setswitchinterval(asked)
     gc.set_threshold(max(thresholds[0], GC_THRESHOLD), *thresholds[1:])
     try:
         yield

@@ -57,7 +57,7 @@ from .controller import Batched, ExecutionController
 from .logs import record_fields
 from .offsets import OffsetTracker
 from .timers import TimerService
-from .tuning import freeze_startup, record_processing
+from .tuning import freeze_startup, record_processing, switch_interval
 from .watermarks import WatermarkGenerator
 from .worker_commits import CommitProtocol
 from .worker_rebalance import Rebalancing
@@ -146,9 +146,11 @@ class Worker(CommitProtocol, Rebalancing):
     # -- public -------------------------------------------------------------------------
     @staticmethod
     def check_options(app: App) -> None:
-        """Raise ConfigurationError for settings Kafka would reject (no I/O)."""
+        """Raise ConfigurationError for settings Kafka would reject, or a malformed
+        tuning variable (no I/O)."""
         validate_topic_names(worker_topics(app))
         _check_replication(app)
+        switch_interval()
 
     def run(self) -> int:
         # GIL switch interval and GC thresholds for record processing: tuning.py.

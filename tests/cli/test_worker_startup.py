@@ -86,6 +86,13 @@ def test_invalid_topic_names_fail_before_the_broker(topic: str, problem: str) ->
     assert took < 5
 
 
+def test_a_malformed_gil_switch_interval_fails_before_the_broker() -> None:
+    env = _env(AGENTS_STREAM_GIL_SWITCH_US="fast")
+    rc, out, _ = _run(_cmd("tests.apps.ops_app", "-b", UNREACHABLE), env)
+    assert rc == 1
+    _assert_one_line(out, "AGENTS_STREAM_GIL_SWITCH_US='fast'", "microseconds")
+
+
 def test_unreachable_broker_is_bounded_and_quiet() -> None:
     cmd = _cmd("tests.apps.ops_app", "-b", UNREACHABLE, "--startup-timeout", "3")
     rc, out, took = _run(cmd, _env())
