@@ -44,7 +44,7 @@ from agents_stream.durable.runner import ActionRunner, RecordInput
 from agents_stream.events import InputEvent
 from agents_stream.kafka.config import producer_config
 from agents_stream.kafka.producer import AckingProducer
-from agents_stream.runtime.tuning import freeze_startup, record_processing
+from agents_stream.runtime.tuning import freeze_startup, record_processing, run_loop
 from agents_stream.serde.journal import default_journal_codec
 from agents_stream.state.kafka import KafkaActionStateStore
 from agents_stream.testing import EmbeddedBroker
@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     records = args.records or (5_000 if args.quick else 20_000)
     rounds = args.rounds or (2 if args.quick else 3)
-    with record_processing():  # the worker's interpreter settings (runtime/tuning.py)
-        asyncio.run(main_async(records, args.concurrency, rounds, args.per_record))
+    # The worker's interpreter settings and event loop (runtime/tuning.py).
+    with record_processing():
+        run_loop(main_async(records, args.concurrency, rounds, args.per_record))
     return 0
 
 

@@ -57,7 +57,7 @@ from .controller import Batched, ExecutionController
 from .logs import record_fields
 from .offsets import OffsetTracker
 from .timers import TimerService
-from .tuning import freeze_startup, record_processing, switch_interval
+from .tuning import freeze_startup, loop_factory, record_processing, run_loop, switch_interval
 from .watermarks import WatermarkGenerator
 from .worker_commits import CommitProtocol
 from .worker_rebalance import Rebalancing
@@ -151,11 +151,12 @@ class Worker(CommitProtocol, Rebalancing):
         validate_topic_names(worker_topics(app))
         _check_replication(app)
         switch_interval()
+        loop_factory()
 
     def run(self) -> int:
         # GIL switch interval and GC thresholds for record processing: tuning.py.
         with record_processing():
-            asyncio.run(self.run_async())
+            run_loop(self.run_async())
         return self.exit_code
 
     def stop(self) -> None:
@@ -288,7 +289,7 @@ class Worker(CommitProtocol, Rebalancing):
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 self._loop.add_signal_handler(sig, self.stop)
-            except (NotImplementedError, RuntimeError):  # not the main thread
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
                 pass
         if self._cancel.is_set():
             return

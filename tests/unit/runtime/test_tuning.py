@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import pytest
@@ -9,8 +10,11 @@ import pytest
 from agents_stream.errors import ConfigurationError
 from agents_stream.runtime.tuning import (
     DEFAULT_SWITCH_US,
+    LOOP_ENV,
     SWITCH_ENV,
+    loop_factory,
     record_processing,
+    run_loop,
     switch_interval,
 )
 
@@ -44,3 +48,26 @@ def test_a_malformed_interval_is_refused_naming_the_variable(
     with pytest.raises(ConfigurationError), record_processing():
         pass
     assert sys.getswitchinterval() == before
+
+
+async def _loop_class() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+def test_uvloop_runs_the_worker_loop_unless_asked_for_asyncio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("uvloop")
+    monkeypatch.delenv(LOOP_ENV, raising=False)
+    assert run_loop(_loop_class()).startswith("uvloop")
+    monkeypatch.setenv(LOOP_ENV, "asyncio")
+    assert loop_factory() is None
+    assert run_loop(_loop_class()).startswith("asyncio")
+
+
+def test_an_unknown_event_loop_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(LOOP_ENV, "trio")
+    with pytest.raises(ConfigurationError, match=LOOP_ENV):
+        loop_factory()
