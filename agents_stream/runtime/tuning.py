@@ -5,12 +5,13 @@ that measure its path use the same ones.
   while the event loop is busy, every other thread on a record's path (the producer's
   poll thread resolving journal acks, the Kafka thread, code-block threads) waits up to
   one interval for the GIL each time it needs it. Measured with ``bench_journal.py`` (500
-  records in flight), journal ack latency p50 / p99 under load: 9.6-19 / 14-36 ms at
-  1 ms, 4.4-7.7 / 9-23 ms at 200 us, 3.6-4.3 / 7-13 ms at 50 us (idle: 2.5 ms). Shorter
+  records in flight), journal ack latency p50 / p99 under load: 9.2-19 / 11-36 ms at
+  1 ms, 3.5-7.7 / 8-23 ms at 200 us, 3.6-4.3 / 7-13 ms at 50 us (idle: 2.5 ms). Shorter
   intervals cost throughput (smaller bursts of acks per switch, more switches): against
-  1 ms, a backlog drain measured 0.96-0.98x at 200 us, 0.92-0.94x at 100 us and
-  0.88-0.96x at 50 us (``bench/ab_worker.py``). 200 us keeps most of both; lower it for
-  acks (each journaled call waits for one), raise it for a drain's last percent.
+  1 ms, a backlog drain measured 0.94-0.98x at 200 us, 0.92-0.94x at 100 us and
+  0.88-0.96x at 50 us (``bench/ab_worker.py``). 200 us meets the ack latency goals of
+  issue 13 for most of the throughput; raise it where a drain's throughput matters more
+  than the latency of journaled calls under load.
 * Young-generation collection every ``GC_THRESHOLD`` allocations (default 700): each
   record allocates a few dozen objects that live for its ack round trips; the default
   collector ran every few records and its full passes over thousands of records in
