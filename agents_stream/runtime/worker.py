@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -302,11 +303,13 @@ class Worker(CommitProtocol, Rebalancing):
             return
         freeze_startup()  # the app, clients and caches live as long as the worker
         log.info(
-            "worker %s of app %s on %s: inputs %s",
+            "worker %s of app %s on %s: inputs %s (event loop %s, GIL switch %d us)",
             self.worker_id,
             self.app.id,
             self.broker,
             ", ".join(self.app.input_topics),
+            type(self._loop).__module__.split(".")[0],
+            round(sys.getswitchinterval() * 1e6),
         )
         committer = asyncio.create_task(self._commit_loop())
         ticker = asyncio.create_task(self._timer_loop())

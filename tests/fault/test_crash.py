@@ -23,19 +23,23 @@ def crash(broker, topic_factory, worker_factory, tmp_path):
     return CrashScenario(broker, topic_factory, tmp_path, lambda env: worker_factory(APP, env))
 
 
-def test_a_acked_calls_are_not_executed_again(crash):
+# uvloop is the worker's default loop; the stdlib loop (AGENTS_STREAM_EVENT_LOOP=asyncio)
+# must keep the same guarantee.
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_acked_calls_are_not_executed_again(crash, loop):
     crash.arm("after-1")
     crash.send({"scenario": "calls", "n": 7})
-    worker = crash.start()
+    worker = crash.start(AGENTS_STREAM_EVENT_LOOP=loop)
     crash.wait_parked("after-1", worker)  # calls 0 and 1 journaled and acked
     worker.kill()
     crash.disarm("after-1")
-    restarted = crash.start()
+    restarted = crash.start(AGENTS_STREAM_EVENT_LOOP=loop)
     [out] = crash.outputs(1)
     assert out["results"] == ["fetch-7", "score-7", "notify-7"]
     assert crash.effects() == {"fetch": 1, "score": 1, "notify": 1}
     assert restarted.terminate() == 0
     assert "calls_replayed=2" in restarted.log()
+    assert f"(event loop {loop}, GIL switch 200 us)" in restarted.log()
 
 
 def test_b_pending_slot_is_reconciled_not_re_executed(crash):
