@@ -195,8 +195,7 @@ class ExecutionController:
         """
         item = _Pending(key, group, work, done, self.epochs.enter())
         self._idle.clear()
-        drains = self._drains
-        drain = next((d for d in drains if d.selects(item)), None) if drains else None
+        drain = self._draining(item)
         if drain is not None:
             drain.abandoned += 1
             self._release(item, False, admitted=False)
@@ -233,17 +232,27 @@ class ExecutionController:
             self._admit(heapq.heappop(self._waiting).item)
 
     def _pump(self, key: Hashable) -> None:
-        if key in self._busy:
-            return
-        buffer = self._buffers.get(key)
-        if not buffer:
-            self._buffers.pop(key, None)
-            return
-        head = buffer[0]
-        if not self.epochs.may_start(head.epoch):
-            self._blocked[key] = None
-            return
-        buffer.popleft()
+        while True:
+            if key in self._busy:
+                return
+            buffer = self._buffers.get(key)
+            if not buffer:
+                self._buffers.pop(key, None)
+                return
+            head = buffer[0]
+            if not self.epochs.may_start(head.epoch):
+                self._blocked[key] = None
+                return
+            buffer.popleft()
+            drain = self._draining(head)
+            if drain is None:
+                break
+            # A drain is under way for its group: abandoned, never started. Releasing
+            # a drained record (or admitting a waiting one) pumps its key, and the drain
+            # may not have to wait for anything after that, so this is the last point
+            # where a record of a drained group could still slip into a batch.
+            drain.abandoned += 1
+            self._release(head, False)
         self._busy.add(key)
         work = head.work
         if type(work) is Batched:
@@ -260,11 +269,17 @@ class ExecutionController:
         self._running[task] = head
         task.add_done_callback(self._finished)
 
+    def _draining(self, item: _Pending) -> _Drain | None:
+        drains = self._drains
+        return next((d for d in drains if d.selects(item)), None) if drains else None
+
     def _start_batches(self) -> None:
         self._batching = False
         ready, self._ready = self._ready, {}
         loop = asyncio.get_running_loop()
         for items in ready.values():
+            if not items:
+                continue
             if self._drains:  # started before a drain of their group began: abandoned
                 kept = []
                 for item in items:
@@ -401,8 +416,10 @@ class ExecutionController:
         drain = _Drain(None if groups is None else set(groups))
         self._drains.append(drain)
         try:
-            self._drop_ready(drain)
+            # Queued records first: releasing a ready one pumps its key and admits
+            # waiting records (``_pump`` abandons those of this drain's groups).
             self._drop_queued(drain)
+            self._drop_ready(drain)
             running = [t for t, i in self._running.items() if drain.selects(i)]
             running += [
                 t for t, b in self._batches.items() if any(drain.selects(i) for i in b.items)
@@ -429,7 +446,11 @@ class ExecutionController:
             selected = [i for i in items if drain.selects(i)]
             if not selected:
                 continue
-            self._ready[lane] = [i for i in items if not drain.selects(i)]
+            kept = [i for i in items if not drain.selects(i)]
+            if kept:
+                self._ready[lane] = kept
+            else:
+                del self._ready[lane]
             for item in selected:
                 drain.abandoned += 1
                 self._busy.discard(item.key)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents_stream.runtime.controller import ExecutionController
+from agents_stream.runtime.controller import Batched, ExecutionController
 from agents_stream.runtime.epochs import EpochManager
 from agents_stream.runtime.offsets import PartitionOffsets
 
@@ -596,3 +596,66 @@ def test_records_reported_in_groups_keep_key_order_and_the_limit(keys, limit, mo
     controller = run(main())
     assert sorted(finished) == list(range(len(keys)))
     assert controller.in_flight == 0 and controller.waiting == 0
+
+
+async def _batch_that_finishes_at_once(payloads: list[str], finish: object) -> None:
+    _RAN.append(list(payloads))
+    for i in range(len(payloads)):
+        finish(i, True)  # type: ignore[operator]
+
+
+_RAN: list[list[str]] = []
+
+
+def test_a_drain_abandons_the_next_record_its_own_releases_would_start() -> None:
+    """A record of the drained group that became ready in the same loop turn as the drain
+    (its key's previous work just finished) is abandoned; the drain's release of it pumps
+    the key, and the key's next buffered record must not slip into a batch that starts
+    after the drain has returned (it would run on this worker while the partition is
+    handed over)."""
+
+    async def main() -> tuple[int, dict[str, bool]]:
+        controller = ExecutionController(100)
+        ends: dict[str, bool] = {}
+        result: dict[str, int] = {}
+
+        async def drain() -> None:
+            result["abandoned"] = await controller.drain({"G"}, 1.0)
+            result["ran"] = len(_RAN)
+
+        async def timer() -> None:  # finishes in the turn the drain starts
+            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(drain()))
+
+        controller.submit("K", "G", timer, lambda ok: ends.setdefault("timer", ok))
+        for name in ("r2", "r3"):
+            work = Batched("G", name, _batch_that_finishes_at_once)
+            controller.submit("K", "G", work, lambda ok, n=name: ends.setdefault(n, ok))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert result["ran"] == 0
+        return result["abandoned"], ends
+
+    _RAN.clear()
+    abandoned, ends = run(main())
+    assert _RAN == [], "a record of the drained group ran after the drain"
+    assert abandoned == 2
+    assert ends == {"timer": True, "r2": False, "r3": False}
+
+
+def test_a_drain_abandons_records_its_releases_admit_from_the_waiting_queue() -> None:
+    async def main() -> tuple[int, dict[str, bool]]:
+        controller = ExecutionController(2)
+        ends: dict[str, bool] = {}
+        for name, key in (("a", "K1"), ("b", "K2"), ("c", "K3")):  # c waits: limit 2
+            work = Batched("G", name, _batch_that_finishes_at_once)
+            controller.submit(key, "G", work, lambda ok, n=name: ends.setdefault(n, ok))
+        abandoned = await controller.drain({"G"}, 1.0)  # before the batch starts
+        for _ in range(10):
+            await asyncio.sleep(0)
+        return abandoned, ends
+
+    _RAN.clear()
+    abandoned, ends = run(main())
+    assert _RAN == [], "a record admitted during the drain ran after it"
+    assert abandoned == 3
+    assert ends == {"a": False, "b": False, "c": False}
