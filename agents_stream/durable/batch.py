@@ -112,8 +112,8 @@ class RecordBatch:
                 self._start(index, record, context)
             except Exception as exc:  # e.g. an unreadable journal entry of this record
                 self._report(index, exc)
-        self._flush()
         try:
+            self._flush()
             while self._outstanding:
                 if not self._ready:
                     self._signal = asyncio.get_running_loop().create_future()
@@ -238,18 +238,38 @@ class RecordBatch:
         by_partition: dict[int, list[tuple[_Run, ActionDone, RecordOutcome]]] = {}
         for item in group:
             by_partition.setdefault(item[0].ref.partition, []).append(item)
-        runner = self._runner
         for partition, part in by_partition.items():
-            appended: Future[None] = runner.store.append([d for _, d, _ in part], partition)
-            sends = [(done, run.ctx.outputs) for run, done, _ in part if run.ctx.outputs]
-            if sends:
-                journaled = appended
-                # Registered before the release below: the outputs are produced (in the
-                # thread that resolves the ack) before the loop hears of it.
-                appended = then(appended, partial(_send_outputs, runner, sends, partition))
-                if self._released is not None:
-                    self._wait(acked(journaled), partial(self._group_released, part))
-            self._wait(acked(appended), partial(self._group_done, part))
+            try:
+                self._commit_group(part, partition)
+            except Exception as exc:
+                if len(part) == 1:
+                    self._report(part[0][0].index, exc)
+                    continue
+                # Refused before anything was sent (e.g. one ActionDone over the
+                # producer's message.max.bytes, an entry the codec cannot encode): one
+                # record must not take the others of its group to the dead letters.
+                for item in part:
+                    try:
+                        self._commit_group([item], partition)
+                    except Exception as alone:
+                        self._report(item[0].index, alone)
+
+    def _commit_group(
+        self, part: list[tuple[_Run, ActionDone, RecordOutcome]], partition: int
+    ) -> None:
+        runner = self._runner
+        appended: Future[None] = runner.store.append([d for _, d, _ in part], partition)
+        sends = [(done, run.ctx.outputs) for run, done, _ in part if run.ctx.outputs]
+        if sends:
+            journaled = appended
+            # The outputs are produced by the thread that resolves the ack, in its
+            # callback, before it dispatches any later delivery report: a released key's
+            # next record has its outputs produced in a later report's callback, so
+            # after these, whenever the loop hears of this ack.
+            appended = then(appended, partial(_send_outputs, runner, sends, partition))
+            if self._released is not None:
+                self._wait(acked(journaled), partial(self._group_released, part))
+        self._wait(acked(appended), partial(self._group_done, part))
 
     def _group_released(
         self, group: list[tuple[_Run, ActionDone, RecordOutcome]], fut: asyncio.Future[None]

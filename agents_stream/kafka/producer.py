@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ..durable.ackfuture import AckFuture
 from ..errors import KafkaIOError
@@ -86,10 +86,12 @@ class _Group:
     a group stays contiguous in its partition, the broker acks it in that order, and no
     later record of the partition is reported before the group is complete.
 
-    Reports may come from two threads (the poll thread, and a ``poll``/``flush`` of a
-    sender whose queue was full), so the count is an ``itertools.count`` (one C call,
-    atomic under the GIL) and a failure is noted *before* it is counted: whoever takes
-    the last count sees every failure."""
+    For the same reason only the poll thread serves reports while it runs: a sender
+    whose queue is full waits for it instead of polling, and ``flush`` waits for its
+    rounds (a group completed on another thread could otherwise be dispatched after a
+    later group of its partition). The count is still an ``itertools.count`` (one C
+    call, atomic under the GIL) and a failure is noted *before* it is counted: whoever
+    takes the last count sees every failure."""
 
     __slots__ = ("_count", "_producer", "expected", "failed", "future", "records", "sent")
 
@@ -119,6 +121,7 @@ class _Group:
 class AckingProducer:
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config
+        self._max_message_bytes = int(config.get("message.max.bytes", 1_000_000))
         self._producer: Producer | None = None
         self._hooks: dict[str, AckHook] = {}
         self._batch: list[Ack] = []
@@ -130,6 +133,7 @@ class AckingProducer:
         # contiguous in their partition, so groups are acked in the order they were sent).
         self._send_lock = threading.Lock()
         self._observers: list[AckHook] = []
+        self._rounds = 0  # poll-and-dispatch rounds of the poll thread
 
     def observe_acks(self, hook: AckHook) -> None:
         """Also call ``hook`` with every poll's whole batch, after it is resolved (metrics:
@@ -194,11 +198,32 @@ class AckingProducer:
                     delivered = partial(self._delivered, key, value, countdown, sent)
                     self._produce(topic, value, key, partition, None, delivered)
             return fut
+        self._check_sizes(topic, records)
         group_delivered = _Group(self, records, fut, len(records), sent).delivered
         with self._ordered(topic):
             for key, value in records:
                 self._produce(topic, value, key, partition, None, group_delivered)
         return fut
+
+    def _check_sizes(
+        self, topic: str, records: Sequence[tuple[bytes | None, bytes | None]]
+    ) -> None:
+        """Refuse a group with a record the client would refuse, before any is produced.
+
+        The client checks ``message.max.bytes`` in ``produce()``: failing there midway
+        would leave the group's first records in flight under a group that never
+        completes (nothing applied to the cache, the future never resolved)."""
+        limit = self._max_message_bytes
+        for key, value in records:
+            if (len(key) if key else 0) + (len(value) if value else 0) > limit:
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError.MSG_SIZE_TOO_LARGE,
+                        f"a record of {topic} (key {key[:80]!r}) is "
+                        f"{(len(key) if key else 0) + (len(value) if value else 0)} bytes, over "
+                        f"the producer's message.max.bytes ({limit})",
+                    )
+                )
 
     def send_untracked(
         self, topic: str, records: Sequence[tuple[bytes | None, bytes | None]], partition: int
@@ -291,7 +316,13 @@ class AckingProducer:
                 return
             except BufferError:
                 # Local queue full: let deliveries drain instead of failing the action.
-                producer.poll(0.05)
+                if self._serves_reports():
+                    producer.poll(0.05)
+                else:
+                    # Only the poll thread serves delivery reports: a group completed on
+                    # another thread while the poll thread dispatched a later group of
+                    # its partition would move the cache checkpoint past the first.
+                    time.sleep(0.005)
 
     def _delivered(
         self,
@@ -306,11 +337,18 @@ class AckingProducer:
         with self._batch_lock:
             self._batch.append(ack)
 
+    def _serves_reports(self) -> bool:
+        """Whether this thread may serve delivery reports: the poll thread, or any
+        thread once it is gone."""
+        thread = self._thread
+        return thread is None or not thread.is_alive() or thread is threading.current_thread()
+
     def _poll_loop(self) -> None:
         assert self._producer is not None
         while not self._stop.is_set():
             self._producer.poll(0.05)
             self._dispatch()
+            self._rounds += 1
 
     def _dispatch(self) -> None:
         with self._batch_lock:
@@ -347,10 +385,28 @@ class AckingProducer:
                 pass
 
     def flush(self, timeout: float = 30.0) -> int:
-        if self._producer is None:
+        """Wait until every record sent is reported and dispatched (futures resolved);
+        returns how many are still outstanding after ``timeout``."""
+        producer = self._producer
+        if producer is None:
             return 0
-        remaining = self._producer.flush(timeout)
-        return int(remaining)
+        if self._serves_reports():
+            remaining = int(producer.flush(timeout))
+            self._dispatch()
+            return remaining
+        # The poll thread serves the reports (see _produce): wait for it to drain the
+        # queue, then for one more of its rounds, which dispatches the last reports.
+        deadline = time.monotonic() + timeout
+        while len(producer) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        rounds = self._rounds
+        while self._rounds <= rounds + 1 and time.monotonic() < deadline:
+            if not self._serves_reports():
+                time.sleep(0.005)
+            else:  # the poll thread stopped meanwhile
+                self._dispatch()
+                break
+        return len(producer)
 
     def close(self, timeout: float = 30.0) -> None:
         self.flush(timeout)

@@ -91,10 +91,13 @@ class KafkaActionStateStore(ActionStateStore):
         return sum(replayed.values())
 
     def revoke(self, partition: int) -> None:
+        # Closed under the lock that the ack hook holds while it writes: a delivery
+        # report being applied on the producer's thread finishes first, and one that
+        # comes later finds the partition gone (its next owner replays it from the topic).
         with self._lock:
             cache = self._caches.pop(partition, None)
-        if cache is not None:
-            cache.close()
+            if cache is not None:
+                cache.close()
 
     @property
     def partitions(self) -> list[int]:
@@ -245,19 +248,23 @@ class KafkaActionStateStore(ActionStateStore):
             else:
                 group.append(ack)
         for partition, group in by_partition.items():
-            cache = self._caches.get(partition)
-            if cache is None:  # revoked meanwhile: the next owner replays it from the topic
-                continue
             records: list[tuple[bytes, bytes | None]] = []
             for a in group:
                 if a.records is None:
                     records.append((a.key, a.value))  # type: ignore[arg-type]
                 else:  # a group of records (producer._Group)
                     records.extend(a.records)  # type: ignore[arg-type]
-            cache.apply(records, max(a.offset for a in group) + 1)
+            # Under the lock that revoke() closes a cache with: a cache closed between
+            # the lookup and the write failed every ack of this poll, other partitions'
+            # durable records included. Only this thread and (rarely) a rebalance take it.
+            with self._lock:
+                cache = self._caches.get(partition)
+                if cache is None:  # revoked: the next owner replays it from the topic
+                    continue
+                cache.apply(records, max(a.offset for a in group) + 1)
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock:  # as revoke(): not while the ack hook writes
             caches, self._caches = list(self._caches.values()), {}
-        for cache in caches:
-            cache.close()
+            for cache in caches:
+                cache.close()

@@ -367,3 +367,45 @@ def test_a_key_is_released_once_its_outputs_are_sent_and_reported_once_they_are_
 
     asyncio.run(main())
     assert sorted(events[2:]) == [("reported", 0, 2), ("reported", 1, 2)]
+
+
+class _RefusingStore(InMemoryActionStateStore):
+    """Refuses, as the producer does synchronously, any append holding a "huge" output
+    (an ActionDone over ``message.max.bytes``)."""
+
+    def append(self, entries, partition):  # type: ignore[no-untyped-def]
+        for entry in entries:
+            if any(b"huge" in out for out in getattr(entry, "outputs", ())):
+                raise Boom("MSG_SIZE_TOO_LARGE")
+        return super().append(entries, partition)
+
+
+class _Echo(Agent):
+    @action(InputEvent)
+    @staticmethod
+    def first(event: InputEvent, ctx: RunnerContext) -> None:
+        ctx.send_event(OutputEvent(output=event.input))
+
+
+def test_an_append_refused_at_once_fails_only_its_record_and_the_batch_reports_the_rest() -> None:
+    """A group append that raises (before anything is sent) must not escape the batch:
+    then no record of it was reported, and the partition's commits stayed behind them for
+    good. Each record is appended on its own instead, and only the refused one fails
+    (for the error policy: dead letter or stop)."""
+    store = _RefusingStore()
+    runner = ActionRunner(_Echo, store, ContextConfig("app", "w", JSON), topic="in")
+    records = [
+        RecordInput(key=f"k{i}", seq=i, value="huge" if i == 2 else f"v{i}") for i in range(4)
+    ]
+    reports: dict[int, str] = {}
+
+    def report(index: int, outcome: object) -> None:
+        reports[index] = type(outcome).__name__
+
+    def finished(pairs: list[tuple[int, RecordOutcome]]) -> None:
+        reports.update((index, "finished") for index, _ in pairs)
+
+    asyncio.run(runner.run_batch(records, report, None, finished))
+    assert reports == {0: "finished", 1: "finished", 2: "Boom", 3: "finished"}
+    done = {e.ref.seq for e in store.entries() if isinstance(e, ActionDone)}
+    assert done == {0, 1, 3}

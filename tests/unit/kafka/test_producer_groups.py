@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import sys
 import threading
+import time
 
 from confluent_kafka import KafkaError
 
@@ -200,3 +201,69 @@ def test_groups_sent_from_two_threads_stay_contiguous() -> None:
     groups = [key[:2] for _, key, _, _ in fake.callbacks]
     runs = [g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]
     assert len(runs) == len(set(runs)) == 60  # each group in one piece
+
+
+def test_a_group_with_a_record_over_message_max_bytes_is_refused_before_any_is_produced() -> None:
+    """The client refuses an oversized record in ``produce()``; midway through a group
+    that left its first records in flight under a group that never completes."""
+    import pytest
+    from confluent_kafka import KafkaException
+
+    producer = AckingProducer({"bootstrap.servers": "127.0.0.1:9", "message.max.bytes": 1000})
+    recording = Recording()
+    producer._producer = recording  # type: ignore[assignment]
+    with pytest.raises(KafkaException) as refused:
+        producer.send_all("t", [(b"a", b"x" * 10), (b"b", b"x" * 2000)], partition=0)
+    assert refused.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert "message.max.bytes (1000)" in str(refused.value)
+    assert recording.callbacks == []
+    producer.send_all("t", [(b"a", b"x" * 10), (b"b", None)], partition=0)
+    assert len(recording.callbacks) == 2
+
+
+class QueueFull:
+    """Stands in for confluent_kafka.Producer: the first produces find the local queue
+    full; notes which threads serve delivery reports (poll/flush)."""
+
+    def __init__(self, full: int) -> None:
+        self.full = full
+        self.servers: set[str] = set()
+        self.produced = 0
+
+    def produce(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.full:
+            self.full -= 1
+            raise BufferError("Local: Queue full")
+        self.produced += 1
+
+    def poll(self, timeout: float) -> int:
+        self.servers.add(threading.current_thread().name)
+        time.sleep(0.001)
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        self.servers.add(threading.current_thread().name)
+        return 0
+
+    def __len__(self) -> int:
+        return 0
+
+
+def test_only_the_poll_thread_serves_delivery_reports_while_it_runs() -> None:
+    """A sender whose queue is full waits for the poll thread instead of polling, and
+    flush/close wait for its rounds: a group completed on another thread while the poll
+    thread dispatched a later group of the same partition moved the cache checkpoint
+    past the first group's records."""
+    producer = AckingProducer({"bootstrap.servers": "127.0.0.1:9"})
+    fake = QueueFull(full=3)
+    producer._producer = fake  # type: ignore[assignment]
+    producer._thread = threading.Thread(
+        target=producer._poll_loop, name="agents-stream-producer", daemon=True
+    )
+    producer._thread.start()
+    producer.send("t", b"v", key=b"k", partition=0)
+    producer.send_all("t", [(b"a", b"1"), (b"b", b"2")], partition=0)
+    assert fake.produced == 3
+    assert producer.flush(5) == 0
+    producer.close(5)
+    assert fake.servers == {"agents-stream-producer"}

@@ -1,0 +1,93 @@
+"""A revoke (or close) of a partition's cache while the producer's thread applies a
+delivery report to it: the report finishes first, a later one finds the partition gone,
+and no ack fails (a closed cache used to fail every ack of that poll, other partitions'
+durable records included)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from agents_stream.kafka.producer import Ack, AckingProducer
+from agents_stream.serde.journal import default_journal_codec
+from agents_stream.state.kafka import KafkaActionStateStore
+
+
+class SlowCache:
+    """Stands in for a PartitionCache: apply() parks until released; close() is noted."""
+
+    def __init__(self) -> None:
+        self.applying = threading.Event()
+        self.release = threading.Event()
+        self.closed = False
+        self.applied: list[int] = []
+
+    def apply(self, records: object, next_offset: int) -> None:
+        assert not self.closed, "applied to a closed cache"
+        self.applying.set()
+        assert self.release.wait(5)
+        self.applied.append(next_offset)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _store(tmp_path: Path) -> KafkaActionStateStore:
+    producer = AckingProducer({"bootstrap.servers": "127.0.0.1:9"})  # never connects
+    return KafkaActionStateStore(
+        topic="t-state",
+        producer=producer,
+        codec=default_journal_codec(),
+        data_dir=tmp_path,
+        bootstrap="127.0.0.1:9",
+    )
+
+
+def _ack(partition: int, offset: int) -> Ack:
+    return Ack("t-state", partition, offset, b"k", b"v", None)  # type: ignore[arg-type]
+
+
+def test_a_revoke_waits_for_the_report_being_applied_and_later_reports_skip_it(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    cache = SlowCache()
+    store._caches[0] = cache  # type: ignore[assignment]
+    errors: list[BaseException] = []
+
+    def hook(offset: int) -> None:
+        try:
+            store._on_acked([_ack(0, offset)])
+        except BaseException as exc:  # the failure under test
+            errors.append(exc)
+
+    applying = threading.Thread(target=hook, args=(7,))
+    applying.start()
+    assert cache.applying.wait(5)
+    revoking = threading.Thread(target=store.revoke, args=(0,))
+    revoking.start()
+    revoking.join(0.2)
+    assert revoking.is_alive(), "the cache was closed while a report was being applied"
+    cache.release.set()
+    applying.join(5)
+    revoking.join(5)
+    assert cache.closed and cache.applied == [8]
+    hook(9)  # a report that arrives after the revoke: skipped, not failed
+    assert errors == [] and cache.applied == [8]
+
+
+def test_close_waits_for_the_report_being_applied(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    cache = SlowCache()
+    store._caches[0] = cache  # type: ignore[assignment]
+    applying = threading.Thread(target=store._on_acked, args=([_ack(0, 3)],))
+    applying.start()
+    assert cache.applying.wait(5)
+    closing = threading.Thread(target=store.close)
+    closing.start()
+    closing.join(0.2)
+    assert closing.is_alive()
+    cache.release.set()
+    applying.join(5)
+    closing.join(5)
+    assert cache.closed and cache.applied == [4]
