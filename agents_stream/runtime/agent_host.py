@@ -136,7 +136,12 @@ class AgentHost:
         # The controller's finish (runtime/controller.py) has both; a plain callable
         # reports one record at a time and frees keys only when records finish.
         finish_many = getattr(finish, "many", None)
-        release_many = getattr(finish, "release_many", None)
+        # A key's next record may start once this one's ActionDone is acked and its
+        # outputs are sent, before they are acked. If they then fail, the record is dead-
+        # lettered and the next one's outputs follow, as when it ran after the failure.
+        # Not with on_error="fail": the worker stops and replays the failed outputs on
+        # restart, after the next record's, which could be out by then.
+        release_many = getattr(finish, "release_many", None) if self._on_error != "fail" else None
         try:
             if records:
                 await self.runner.run_batch(
