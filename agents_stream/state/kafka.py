@@ -61,6 +61,9 @@ class KafkaActionStateStore(ActionStateStore):
         self._bootstrap = bootstrap
         self._index_slots = index_slots
         self._caches: dict[int, PartitionCache] = {}
+        # Partitions being assigned: the acks that arrive meanwhile, applied once the
+        # rebuild is done (see assign).
+        self._assigning: dict[int, list[tuple[list[tuple[bytes, bytes | None]], int]]] = {}
         self._lock = threading.Lock()
         producer.on_acked(topic, self._on_acked)
 
@@ -73,6 +76,13 @@ class KafkaActionStateStore(ActionStateStore):
         process (or the next process) must be able to reopen it."""
         with self._lock:
             wanted = [p for p in partitions if p not in self._caches]
+            # An append of this partition still in flight from an earlier ownership (an
+            # abandoned record) may be acked after the rebuild read the topic's end and
+            # before the cache is in place: kept and applied then, or the checkpoint
+            # would move past a record the cache never got (a replay would run that
+            # acked call again).
+            for p in wanted:
+                self._assigning[p] = []
         if not wanted:
             return 0
         caches: dict[int, PartitionCache] = {}
@@ -83,10 +93,18 @@ class KafkaActionStateStore(ActionStateStore):
                 self._bootstrap, self.topic, caches, self._codec, cancel=self._cancel
             )
         except BaseException:
+            with self._lock:
+                for p in wanted:
+                    self._assigning.pop(p, None)
             for cache in caches.values():
                 cache.close()
             raise
         with self._lock:
+            for p in wanted:
+                # A suffix of the partition's acks, in offset order: applied after the
+                # rebuild, each record is at least as new as what the rebuild read.
+                for records, next_offset in self._assigning.pop(p, ()):
+                    caches[p].apply(records, next_offset)
             self._caches.update(caches)
         return sum(replayed.values())
 
@@ -259,8 +277,11 @@ class KafkaActionStateStore(ActionStateStore):
             # durable records included. Only this thread and (rarely) a rebalance take it.
             with self._lock:
                 cache = self._caches.get(partition)
-                if cache is None:  # revoked: the next owner replays it from the topic
-                    continue
+                if cache is None:
+                    pending = self._assigning.get(partition)
+                    if pending is not None:  # being assigned: applied after its rebuild
+                        pending.append((records, max(a.offset for a in group) + 1))
+                    continue  # else revoked: the next owner replays it from the topic
                 cache.apply(records, max(a.offset for a in group) + 1)
 
     def close(self) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from agents_stream.kafka.producer import Ack, AckingProducer
 from agents_stream.serde.journal import default_journal_codec
 from agents_stream.state.kafka import KafkaActionStateStore
@@ -91,3 +93,29 @@ def test_close_waits_for_the_report_being_applied(tmp_path: Path) -> None:
     applying.join(5)
     closing.join(5)
     assert cache.closed and cache.applied == [4]
+
+
+def test_an_ack_arriving_while_the_partition_is_assigned_reaches_its_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append of the partition in flight from an earlier ownership, acked after the
+    rebuild read the topic's end but before the cache was in place, was dropped, and
+    later acks moved the checkpoint past it: the cache never held that record (a replay
+    would have run its acked call again)."""
+    from agents_stream.state import kafka as kafka_store
+
+    store = _store(tmp_path)
+
+    def rebuild(bootstrap, topic, caches, codec, cancel=None):  # type: ignore[no-untyped-def]
+        for cache in caches.values():
+            cache.apply([(b"c\x1fk\x1f1\x1fin\x1fA.run#0\x1f0", b"old")], 5)
+        store._on_acked([Ack("t-state", 0, 5, b"c\x1fk\x1f1\x1fin\x1fA.run#0\x1f0", b"new", None)])  # type: ignore[arg-type]
+        return dict.fromkeys(caches, 1)
+
+    monkeypatch.setattr(kafka_store, "rebuild_partitions", rebuild)
+    store.assign(0)
+    cache = store._caches[0]
+    assert cache.get(b"c\x1fk\x1f1\x1fin\x1fA.run#0\x1f0") == b"new"
+    assert cache.checkpoint == 6
+    assert store._assigning == {}
+    store.close()
