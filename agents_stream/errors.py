@@ -17,3 +17,9 @@ class KafkaIOError(AgentsStreamError):
     def __init__(self, message: str, *, code: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class RecordRefusedError(KafkaIOError):
+    """The client or the broker refused a record itself (over ``message.max.bytes`` or
+    the topic's ``max.message.bytes``, invalid): sending it again fails again, and the
+    records sent with it are not at fault."""

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from greenlet import GreenletExit
 
+from ..errors import RecordRefusedError
 from .ackfuture import then
 from .acks import acked
 from .bridge import Finished, _Bridged, release, start
@@ -242,26 +243,31 @@ class RecordBatch:
             try:
                 self._commit_group(part, partition)
             except Exception as exc:
-                if len(part) == 1:
-                    self._report(part[0][0].index, exc)
-                    continue
                 # Refused before anything was sent (e.g. one ActionDone over the
                 # producer's message.max.bytes, an entry the codec cannot encode): one
                 # record must not take the others of its group to the dead letters.
-                for item in part:
-                    try:
-                        self._commit_group([item], partition)
-                    except Exception as alone:
-                        self._report(item[0].index, alone)
+                self._one_by_one(part, partition, exc)
+
+    def _one_by_one(
+        self, part: list[tuple[_Run, ActionDone, RecordOutcome]], partition: int, exc: Exception
+    ) -> None:
+        if len(part) == 1:
+            self._report(part[0][0].index, exc)
+            return
+        for item in part:
+            try:
+                self._commit_group([item], partition)
+            except Exception as alone:
+                self._report(item[0].index, alone)
 
     def _commit_group(
         self, part: list[tuple[_Run, ActionDone, RecordOutcome]], partition: int
     ) -> None:
         runner = self._runner
         appended: Future[None] = runner.store.append([d for _, d, _ in part], partition)
+        journaled = appended
         sends = [(done, run.ctx.outputs) for run, done, _ in part if run.ctx.outputs]
         if sends:
-            journaled = appended
             # The outputs are produced by the thread that resolves the ack, in its
             # callback, before it dispatches any later delivery report: a released key's
             # next record has its outputs produced in a later report's callback, so
@@ -269,7 +275,7 @@ class RecordBatch:
             appended = then(appended, partial(_send_outputs, runner, sends, partition))
             if self._released is not None:
                 self._wait(acked(journaled), partial(self._group_released, part))
-        self._wait(acked(appended), partial(self._group_done, part))
+        self._wait(acked(appended), partial(self._group_done, part, journaled))
 
     def _group_released(
         self, group: list[tuple[_Run, ActionDone, RecordOutcome]], fut: asyncio.Future[None]
@@ -281,10 +287,25 @@ class RecordBatch:
         released([run.index for run, _, _ in group])
 
     def _group_done(
-        self, group: list[tuple[_Run, ActionDone, RecordOutcome]], fut: asyncio.Future[None]
+        self,
+        group: list[tuple[_Run, ActionDone, RecordOutcome]],
+        journaled: Future[None],
+        fut: asyncio.Future[None],
     ) -> None:
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if exc is not None:
+            if (
+                isinstance(exc, RecordRefusedError)
+                and len(group) > 1
+                and journaled.done()
+                and journaled.exception() is exc
+            ):
+                # The broker refused one of the ActionDones (over the topic's
+                # max.message.bytes): no output of the group was sent; appended again
+                # one by one, only that record fails (those already in the log are
+                # written twice under their key, which compaction folds).
+                self._one_by_one(group, group[0][0].ref.partition, exc)
+                return
             for run, _, _ in group:
                 self._report(run.index, exc)  # type: ignore[arg-type]
             return

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, Message, Producer
 
 from ..durable.ackfuture import AckFuture
-from ..errors import KafkaIOError
+from ..errors import KafkaIOError, RecordRefusedError
 
 AckHook = Callable[[list["Ack"]], None]
 
@@ -68,6 +68,13 @@ class _Countdown:
 
     def set_exception(self, exc: BaseException) -> None:
         self.future.set_exception(exc)
+
+
+# Errors about a record itself: the same record fails again, the others sent with it
+# are not at fault (the batch path appends a refused group's records one by one).
+_REFUSED = frozenset(
+    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD}
+)
 
 
 class _Group:
@@ -215,14 +222,12 @@ class AckingProducer:
         completes (nothing applied to the cache, the future never resolved)."""
         limit = self._max_message_bytes
         for key, value in records:
-            if (len(key) if key else 0) + (len(value) if value else 0) > limit:
-                raise KafkaException(
-                    KafkaError(
-                        KafkaError.MSG_SIZE_TOO_LARGE,
-                        f"a record of {topic} (key {key[:80]!r}) is "
-                        f"{(len(key) if key else 0) + (len(value) if value else 0)} bytes, over "
-                        f"the producer's message.max.bytes ({limit})",
-                    )
+            size = (len(key) if key else 0) + (len(value) if value else 0)
+            if size > limit:
+                raise RecordRefusedError(
+                    f"a record of {topic} (key {(key or b'')[:80]!r}) is {size} bytes, over "
+                    f"the producer's message.max.bytes ({limit})",
+                    code=KafkaError.MSG_SIZE_TOO_LARGE,
                 )
 
     def send_untracked(
@@ -373,10 +378,10 @@ class AckingProducer:
             if ack.error is None:
                 ack.future.set_result(None)
             else:
+                code = ack.error.code()
+                error = RecordRefusedError if code in _REFUSED else KafkaIOError
                 ack.future.set_exception(
-                    KafkaIOError(
-                        f"delivery to {ack.topic} failed: {ack.error}", code=ack.error.code()
-                    )
+                    error(f"delivery to {ack.topic} failed: {ack.error}", code=code)
                 )
         for observe in self._observers:
             try:

@@ -409,3 +409,38 @@ def test_an_append_refused_at_once_fails_only_its_record_and_the_batch_reports_t
     assert reports == {0: "finished", 1: "finished", 2: "Boom", 3: "finished"}
     done = {e.ref.seq for e in store.entries() if isinstance(e, ActionDone)}
     assert done == {0, 1, 3}
+
+
+class _BrokerRefusingStore(InMemoryActionStateStore):
+    """The broker refuses (asynchronously) any append holding a "huge" output: an
+    ActionDone over the topic's max.message.bytes fails its whole group's ack."""
+
+    def append(self, entries, partition):  # type: ignore[no-untyped-def]
+        from agents_stream.durable.ackfuture import AckFuture
+        from agents_stream.errors import RecordRefusedError
+
+        if any(b"huge" in out for e in entries for out in getattr(e, "outputs", ())):
+            refused: AckFuture[None] = AckFuture()
+            refused.set_exception(RecordRefusedError("MESSAGE_TOO_LARGE", code=10))
+            return refused
+        return super().append(entries, partition)
+
+
+def test_a_group_the_broker_refuses_for_one_record_fails_only_that_record() -> None:
+    store = _BrokerRefusingStore()
+    runner = ActionRunner(_Echo, store, ContextConfig("app", "w", JSON), topic="in")
+    records = [
+        RecordInput(key=f"k{i}", seq=i, value="huge" if i == 1 else f"v{i}") for i in range(4)
+    ]
+    reports: dict[int, str] = {}
+
+    def report(index: int, outcome: object) -> None:
+        reports[index] = type(outcome).__name__
+
+    def finished(pairs: list[tuple[int, RecordOutcome]]) -> None:
+        reports.update((index, "finished") for index, _ in pairs)
+
+    asyncio.run(runner.run_batch(records, report, None, finished))
+    assert reports == {0: "finished", 1: "RecordRefusedError", 2: "finished", 3: "finished"}
+    done = {e.ref.seq for e in store.entries() if isinstance(e, ActionDone)}
+    assert done == {0, 2, 3}

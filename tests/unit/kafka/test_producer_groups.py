@@ -207,14 +207,15 @@ def test_a_group_with_a_record_over_message_max_bytes_is_refused_before_any_is_p
     """The client refuses an oversized record in ``produce()``; midway through a group
     that left its first records in flight under a group that never completes."""
     import pytest
-    from confluent_kafka import KafkaException
+
+    from agents_stream.errors import RecordRefusedError
 
     producer = AckingProducer({"bootstrap.servers": "127.0.0.1:9", "message.max.bytes": 1000})
     recording = Recording()
     producer._producer = recording  # type: ignore[assignment]
-    with pytest.raises(KafkaException) as refused:
+    with pytest.raises(RecordRefusedError) as refused:
         producer.send_all("t", [(b"a", b"x" * 10), (b"b", b"x" * 2000)], partition=0)
-    assert refused.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert refused.value.code == KafkaError.MSG_SIZE_TOO_LARGE
     assert "message.max.bytes (1000)" in str(refused.value)
     assert recording.callbacks == []
     producer.send_all("t", [(b"a", b"x" * 10), (b"b", None)], partition=0)
