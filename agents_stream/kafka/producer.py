@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ..durable.ackfuture import AckFuture
 from ..errors import KafkaIOError, RecordRefusedError
@@ -319,6 +319,17 @@ class AckingProducer:
                 else:
                     producer.produce(topic, value, key, on_delivery=delivered)
                 return
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.code() in _REFUSED:
+                    size = (len(key) if key else 0) + (len(value) if value else 0)
+                    raise RecordRefusedError(
+                        f"a record of {topic} (key {(key or b'')[:80]!r}, {size} bytes) was "
+                        f"refused: {error.str()} (the producer's message.max.bytes is "
+                        f"{self._max_message_bytes})",
+                        code=error.code(),
+                    ) from exc
+                raise
             except BufferError:
                 # Local queue full: let deliveries drain instead of failing the action.
                 if self._serves_reports():
