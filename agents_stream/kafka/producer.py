@@ -196,6 +196,7 @@ class AckingProducer:
         if not records:
             fut.set_result(None)
             return fut
+        self._check_sizes(topic, records)
         sent = time.monotonic()
         if partition is None and topic in self._hooks:
             # Keyed records of a hooked topic: the hook needs each one's partition.
@@ -205,7 +206,6 @@ class AckingProducer:
                     delivered = partial(self._delivered, key, value, countdown, sent)
                     self._produce(topic, value, key, partition, None, delivered)
             return fut
-        self._check_sizes(topic, records)
         group_delivered = _Group(self, records, fut, len(records), sent).delivered
         with self._ordered(topic):
             for key, value in records:

@@ -268,3 +268,21 @@ def test_only_the_poll_thread_serves_delivery_reports_while_it_runs() -> None:
     assert producer.flush(5) == 0
     producer.close(5)
     assert fake.servers == {"agents-stream-producer"}
+
+
+def test_an_output_group_with_an_oversized_record_sends_none_of_it() -> None:
+    """Outputs of a batch's records go as one group (no partition: keyed): one output
+    over message.max.bytes refuses the group before any output is produced, so the
+    records dead-lettered for it have sent nothing (a replay sends each output once)."""
+    import pytest
+
+    from agents_stream.errors import RecordRefusedError
+
+    producer = AckingProducer({"bootstrap.servers": "127.0.0.1:9", "message.max.bytes": 100})
+    recording = Recording()
+    producer._producer = recording  # type: ignore[assignment]
+    producer.on_acked("hooked", lambda acks: None)
+    for topic in ("out", "hooked"):
+        with pytest.raises(RecordRefusedError):
+            producer.send_all(topic, [(b"a", b"1"), (b"b", b"x" * 200), (b"c", b"2")])
+    assert recording.callbacks == []
