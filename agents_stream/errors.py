@@ -14,6 +14,10 @@ class ConfigurationError(AgentsStreamError):
 class KafkaIOError(AgentsStreamError):
     """A Kafka client operation failed; ``code`` keeps librdkafka's error code."""
 
+    # The records of a failed group send (``AckingProducer.send_all``) that did not
+    # reach the log, as ``(key, value)`` pairs; None when unknown (every one may have).
+    lost: list[tuple[bytes | None, bytes | None]] | None = None
+
     def __init__(self, message: str, *, code: int | None = None) -> None:
         super().__init__(message)
         self.code = code
@@ -23,3 +27,14 @@ class RecordRefusedError(KafkaIOError):
     """The client or the broker refused a record itself (over ``message.max.bytes`` or
     the topic's ``max.message.bytes``, invalid): sending it again fails again, and the
     records sent with it are not at fault."""
+
+
+class PartialSendError(KafkaIOError):
+    """Outputs of several input records sent together, some of which did not reach the
+    log: ``failed`` maps the position (in the batch sent) of each input record with an
+    output missing to its error; every output of the other records is durable."""
+
+    def __init__(self, failed: dict[int, KafkaIOError]) -> None:
+        first = failed[min(failed)]
+        super().__init__(f"outputs of {len(failed)} record(s) not sent: {first}", code=first.code)
+        self.failed = failed

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from greenlet import GreenletExit
 
-from ..errors import RecordRefusedError
+from ..errors import PartialSendError, RecordRefusedError
 from .ackfuture import then
 from .acks import acked
 from .bridge import Finished, _Bridged, release, start
@@ -306,9 +306,24 @@ class RecordBatch:
                 # written twice under their key, which compaction folds).
                 self._one_by_one(group, group[0][0].ref.partition, exc)
                 return
-            for run, _, _ in group:
-                self._report(run.index, exc)  # type: ignore[arg-type]
-            return
+            if not (
+                isinstance(exc, PartialSendError)
+                and journaled.done()
+                and journaled.exception() is None
+            ):
+                for run, _, _ in group:
+                    self._report(run.index, exc)  # type: ignore[arg-type]
+                return
+            # Only some records' outputs failed (their positions count the records with
+            # outputs, as _send_outputs sent them): the others are finished.
+            failed: dict[int, Exception] = {}
+            sending = (run.index for run, _, _ in group if run.ctx.outputs)
+            for position, index in enumerate(sending):
+                if position in exc.failed:
+                    failed[index] = exc.failed[position]
+            for index, error in failed.items():
+                self._report(index, error)
+            group = [item for item in group if item[0].index not in failed]
         pairs = []
         for run, _, outcome in group:
             outcome.outputs.extend(run.ctx.outputs)
@@ -369,5 +384,10 @@ def _send_outputs(
 def _mark_emitted(
     runner: ActionRunner, dones: list[ActionDone], partition: int, sent: Future[None]
 ) -> None:
-    if sent.exception() is None:
+    exc = sent.exception()
+    if isinstance(exc, PartialSendError):  # the others' outputs are durable
+        dones = [done for position, done in enumerate(dones) if position not in exc.failed]
+    elif exc is not None:
+        return
+    if dones:
         runner.store.note([_emitted(done) for done in dones], partition)

@@ -43,6 +43,8 @@ class Ack:
     error: KafkaError | None = None
     sent: float = 0.0  # time.monotonic() at produce
     records: Sequence[tuple[bytes | None, bytes | None]] | None = None
+    # A failed group's records that did not reach the log, when known (see KafkaIOError).
+    lost: list[tuple[bytes | None, bytes | None]] | None = None
 
 
 class _Countdown:
@@ -274,13 +276,15 @@ class AckingProducer:
             ]
         else:
             error = group.failed[0][0]
-            acks = [Ack(topic, partition, -1, None, None, group.future, error, group.sent, ())]
+            failure = Ack(topic, partition, -1, None, None, group.future, error, group.sent, ())
+            acks = [failure]
             if group.expected == len(group.records):  # every record reported: known
                 lost = Counter((msg.key(), msg.value()) for _, msg in group.failed)
-                reached = []
+                reached, failure.lost = [], []
                 for record in group.records:
                     if lost[record] > 0:
                         lost[record] -= 1
+                        failure.lost.append(record)
                     else:
                         reached.append(record)
                 if reached:
@@ -390,10 +394,10 @@ class AckingProducer:
                 ack.future.set_result(None)
             else:
                 code = ack.error.code()
-                error = RecordRefusedError if code in _REFUSED else KafkaIOError
-                ack.future.set_exception(
-                    error(f"delivery to {ack.topic} failed: {ack.error}", code=code)
-                )
+                kind = RecordRefusedError if code in _REFUSED else KafkaIOError
+                error = kind(f"delivery to {ack.topic} failed: {ack.error}", code=code)
+                error.lost = ack.lost
+                ack.future.set_exception(error)
         for observe in self._observers:
             try:
                 observe(batch)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
+from ..durable.ackfuture import AckFuture
+from ..durable.store import completed_future
 from ..durable.values import plain_json
+from ..errors import KafkaIOError, PartialSendError, RecordRefusedError
 from ..kafka.producer import AckingProducer
 from ..serde.values import JsonValueCodec
 
@@ -43,17 +49,55 @@ class KafkaOutputSink:
     def send_batch(
         self, outputs: Sequence[tuple[str, Sequence[Any], Sequence[bytes] | None]]
     ) -> Future[None]:
-        """Outputs of many keys (a batch's finished actions; key, values, ``stored`` as
-        for :meth:`send`), one future for all."""
-        return self._producer.send_all(
-            self._topic,
-            [
-                (raw_key, p)
-                for key, values, stored in outputs
-                for raw_key in (key.encode(),)
-                for p in self._payloads(values, stored)
-            ],
-        )
+        """Outputs of many input records (a batch's finished actions; key, values,
+        ``stored`` as for :meth:`send`), one future for all. A failure names the records
+        at fault (:class:`PartialSendError`): every output of the others is durable, so
+        they are finished rather than failed with them (a replay would send them again)."""
+        records = [
+            (key.encode(), self._payloads(values, stored)) for key, values, stored in outputs
+        ]
+        flat = [(raw_key, p) for raw_key, payloads in records for p in payloads]
+        try:
+            sent = self._producer.send_all(self._topic, flat)
+        except RecordRefusedError:
+            # Refused before anything was produced (one output over message.max.bytes):
+            # each record's outputs on their own, right away, in the same order.
+            return self._one_by_one(records)
+        return _blamed(sent, records)
+
+    def _one_by_one(self, records: list[tuple[bytes, list[bytes]]]) -> Future[None]:
+        failed: dict[int, KafkaIOError] = {}
+        futures: list[Future[None]] = []
+        for position, (raw_key, payloads) in enumerate(records):
+            try:
+                futures.append(
+                    self._producer.send_all(self._topic, [(raw_key, p) for p in payloads])
+                )
+            except RecordRefusedError as exc:
+                failed[position] = exc
+                futures.append(completed_future())
+        combined: Future[None] = AckFuture()
+        left = [len(futures)]
+        lock = threading.Lock()
+
+        def one_done(position: int, fut: Future[None]) -> None:
+            exc = fut.exception()
+            with lock:
+                if isinstance(exc, KafkaIOError):
+                    failed[position] = exc
+                elif exc is not None:
+                    failed[position] = KafkaIOError(str(exc))
+                left[0] -= 1
+                if left[0]:
+                    return
+            if failed:
+                combined.set_exception(PartialSendError(failed))
+            else:
+                combined.set_result(None)
+
+        for position, fut in enumerate(futures):
+            fut.add_done_callback(partial(one_done, position))
+        return combined
 
     def _payloads(self, values: Sequence[Any], stored: Sequence[bytes] | None) -> list[bytes]:
         encode = self._codec.encode
@@ -64,3 +108,29 @@ class KafkaOutputSink:
             raw = plain_json(data)
             out.append(encode(value) if raw is None else raw)
         return out
+
+
+def _blamed(sent: Future[None], records: list[tuple[bytes, list[bytes]]]) -> Future[None]:
+    """``sent``, failing with the records whose outputs did not all reach the log."""
+    out: Future[None] = AckFuture()
+
+    def settle(fut: Future[None]) -> None:
+        exc = fut.exception()
+        if exc is None:
+            out.set_result(None)
+            return
+        if not isinstance(exc, KafkaIOError):
+            exc = KafkaIOError(str(exc))
+        lost = Counter(exc.lost) if exc.lost is not None else None
+        failed: dict[int, KafkaIOError] = {}
+        for position, (raw_key, payloads) in enumerate(records):
+            for payload in payloads:
+                # Unknown (no per-record reports): every record may have lost one.
+                if lost is None or lost[(raw_key, payload)] > 0:
+                    if lost is not None:
+                        lost[(raw_key, payload)] -= 1
+                    failed[position] = exc
+        out.set_exception(PartialSendError(failed) if failed else exc)
+
+    sent.add_done_callback(settle)
+    return out

@@ -369,6 +369,21 @@ def test_a_key_is_released_once_its_outputs_are_sent_and_reported_once_they_are_
     assert sorted(events[2:]) == [("reported", 0, 2), ("reported", 1, 2)]
 
 
+def reported(runner: ActionRunner, records: list[RecordInput]) -> dict[int, str]:
+    """Runs ``records`` as one batch: what each one reported ("finished" or the type of
+    its error)."""
+    reports: dict[int, str] = {}
+
+    def report(index: int, outcome: object) -> None:
+        reports[index] = type(outcome).__name__
+
+    def finished(pairs: list[tuple[int, RecordOutcome]]) -> None:
+        reports.update((index, "finished") for index, _ in pairs)
+
+    asyncio.run(runner.run_batch(records, report, None, finished))
+    return reports
+
+
 class _RefusingStore(InMemoryActionStateStore):
     """Refuses, as the producer does synchronously, any append holding a "huge" output
     (an ActionDone over ``message.max.bytes``)."""
@@ -397,15 +412,7 @@ def test_an_append_refused_at_once_fails_only_its_record_and_the_batch_reports_t
     records = [
         RecordInput(key=f"k{i}", seq=i, value="huge" if i == 2 else f"v{i}") for i in range(4)
     ]
-    reports: dict[int, str] = {}
-
-    def report(index: int, outcome: object) -> None:
-        reports[index] = type(outcome).__name__
-
-    def finished(pairs: list[tuple[int, RecordOutcome]]) -> None:
-        reports.update((index, "finished") for index, _ in pairs)
-
-    asyncio.run(runner.run_batch(records, report, None, finished))
+    reports = reported(runner, records)
     assert reports == {0: "finished", 1: "finished", 2: "Boom", 3: "finished"}
     done = {e.ref.seq for e in store.entries() if isinstance(e, ActionDone)}
     assert done == {0, 1, 3}
@@ -432,15 +439,46 @@ def test_a_group_the_broker_refuses_for_one_record_fails_only_that_record() -> N
     records = [
         RecordInput(key=f"k{i}", seq=i, value="huge" if i == 1 else f"v{i}") for i in range(4)
     ]
-    reports: dict[int, str] = {}
-
-    def report(index: int, outcome: object) -> None:
-        reports[index] = type(outcome).__name__
-
-    def finished(pairs: list[tuple[int, RecordOutcome]]) -> None:
-        reports.update((index, "finished") for index, _ in pairs)
-
-    asyncio.run(runner.run_batch(records, report, None, finished))
+    reports = reported(runner, records)
     assert reports == {0: "finished", 1: "RecordRefusedError", 2: "finished", 3: "finished"}
     done = {e.ref.seq for e in store.entries() if isinstance(e, ActionDone)}
     assert done == {0, 2, 3}
+
+
+class _PartlyRefusingSink(Sink):
+    """Sends a batch's outputs together; the log refuses the "huge" ones (as the
+    broker does, after the others of the batch are written)."""
+
+    takes_stored = False
+
+    def send_batch(self, outputs):  # type: ignore[no-untyped-def]
+        from agents_stream.durable.ackfuture import AckFuture
+        from agents_stream.errors import PartialSendError, RecordRefusedError
+
+        failed = {}
+        for position, (key, values, _) in enumerate(outputs):
+            if "huge" in values:
+                failed[position] = RecordRefusedError("MESSAGE_TOO_LARGE", code=10)
+            else:
+                self.sent.extend((key, v) for v in values)
+        fut: AckFuture[None] = AckFuture()
+        if failed:
+            fut.set_exception(PartialSendError(failed))
+        else:
+            fut.set_result(None)
+        return fut
+
+
+def test_outputs_refused_for_one_record_fail_only_that_record() -> None:
+    """The outputs of a group commit go out together; when the log refuses one record's,
+    the others are durable: those records finish (and are marked emitted, so a replay
+    does not send them again), only the refused one fails."""
+    store, sink = InMemoryActionStateStore(), _PartlyRefusingSink()
+    runner = ActionRunner(_Echo, store, ContextConfig("app", "w", JSON), sink, topic="in")
+    records = [RecordInput(key=f"k{i}", seq=i, value=f"v{i}") for i in range(5)]
+    records[3] = RecordInput(key="k3", seq=3, value="huge")
+    reports = reported(runner, records)
+    assert reports == {i: "finished" for i in (0, 1, 2, 4)} | {3: "RecordRefusedError"}
+    emitted = {e.ref.seq: e.emitted for e in store.entries() if isinstance(e, ActionDone)}
+    assert emitted == {0: True, 1: True, 2: True, 3: False, 4: True}
+    assert sorted(sink.sent) == [(f"k{i}", f"v{i}") for i in (0, 1, 2, 4)]

@@ -89,6 +89,7 @@ def test_a_failure_fails_the_group_and_what_reached_the_log_is_still_applied() -
     fake.callbacks[2][3](None, Msg("t", 1))
     acking._dispatch()
     assert isinstance(fut.exception(), KafkaIOError)
+    assert fut.exception().lost == [(b"b", b"2")]  # what a sender may blame
     # a and c are in the log: the cache has them, without moving its checkpoint.
     assert records_of(hooked[0]) == [(b"a", b"1", -1), (b"c", b"3", -1)]
 

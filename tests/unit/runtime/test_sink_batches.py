@@ -1,0 +1,117 @@
+"""KafkaOutputSink.send_batch: the outputs of many input records sent together. When
+some do not reach the log, the failure names exactly the input records with an output
+missing (``PartialSendError.failed``); the others' outputs are all durable. Reference
+model: a record fails iff one of its own outputs failed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents_stream.errors import PartialSendError, RecordRefusedError
+from agents_stream.kafka.producer import AckingProducer
+from agents_stream.runtime.sink import KafkaOutputSink
+from agents_stream.serde.values import JsonValueCodec
+
+
+class Recording:
+    """Stands in for confluent_kafka.Producer: keeps each record's delivery callback."""
+
+    def __init__(self) -> None:
+        self.produced: list[tuple[bytes, bytes, Any]] = []
+
+    def produce(self, topic, value=None, key=None, partition=None, on_delivery=None, **kw):  # type: ignore[no-untyped-def]
+        self.produced.append((key, value, on_delivery))
+
+
+class Msg:
+    def __init__(self, key: bytes, value: bytes, offset: int) -> None:
+        self._key, self._value, self._offset = key, value, offset
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def topic(self) -> str:
+        return "out"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def sink(max_bytes: int = 1_000_000) -> tuple[KafkaOutputSink, AckingProducer, Recording]:
+    acking = AckingProducer({"message.max.bytes": max_bytes})
+    fake = Recording()
+    acking._producer = fake  # type: ignore[assignment]
+    return KafkaOutputSink(acking, "out", JsonValueCodec()), acking, fake
+
+
+# Outputs per input record: small values, repeated ones included (two outputs of one
+# record, or of two records of different keys, may be equal).
+batches = st.lists(
+    st.lists(st.sampled_from(["a", "b", 1, [2]]), min_size=1, max_size=3), min_size=1, max_size=8
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches, st.data())
+def test_a_failure_names_exactly_the_records_with_an_output_missing(
+    outputs: list[list[Any]], data: st.DataObject
+) -> None:
+    send, acking, fake = sink()
+    fut = send.send_batch([(f"k{i}", values, None) for i, values in enumerate(outputs)])
+    owners = [i for i, values in enumerate(outputs) for _ in values]
+    assert len(fake.produced) == len(owners)
+    lost = data.draw(st.sets(st.integers(0, len(owners) - 1)))
+    for n, (key, value, delivered) in enumerate(fake.produced):
+        if n in lost:
+            delivered(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Msg(key, value, -1))
+        else:
+            delivered(None, Msg(key, value, n))
+    acking._dispatch()
+    assert fut.done()
+    if not lost:
+        assert fut.exception() is None
+        return
+    exc = fut.exception()
+    assert isinstance(exc, PartialSendError)
+    assert set(exc.failed) == {owners[n] for n in lost}
+    assert all(isinstance(e, RecordRefusedError) for e in exc.failed.values())
+
+
+def test_a_record_refused_before_sending_fails_alone_and_the_others_are_sent() -> None:
+    """One output over message.max.bytes: the client would refuse the whole group before
+    producing any of it; each record's outputs go out on their own instead, in order."""
+    send, acking, fake = sink(max_bytes=100)
+    fut = send.send_batch(
+        [("k0", ["a"], None), ("k1", ["x" * 200, "b"], None), ("k2", ["c"], None)]
+    )
+    assert [(k, v) for k, v, _ in fake.produced] == [(b"k0", b'"a"'), (b"k2", b'"c"')]
+    for n, (key, value, delivered) in enumerate(fake.produced):
+        delivered(None, Msg(key, value, n))
+    acking._dispatch()
+    exc = fut.exception()
+    assert isinstance(exc, PartialSendError) and set(exc.failed) == {1}
+    assert isinstance(exc.failed[1], RecordRefusedError)
+    assert "message.max.bytes" in str(exc.failed[1])
+
+
+def test_a_batch_sent_whole_resolves_once_every_output_is_acked() -> None:
+    send, acking, fake = sink()
+    fut = send.send_batch([("k0", ["a", "b"], None), ("k1", ["c"], None)])
+    for n, (key, value, delivered) in enumerate(fake.produced[:2]):
+        delivered(None, Msg(key, value, n))
+    acking._dispatch()
+    assert not fut.done()
+    key, value, delivered = fake.produced[2]
+    delivered(None, Msg(key, value, 2))
+    acking._dispatch()
+    assert fut.done() and fut.exception() is None
