@@ -119,16 +119,15 @@ def _blamed(sent: Future[None], records: list[tuple[bytes, list[bytes]]]) -> Fut
         if exc is None:
             out.set_result(None)
             return
-        if not isinstance(exc, KafkaIOError):
-            exc = KafkaIOError(str(exc))
-        lost = Counter(exc.lost) if exc.lost is not None else None
+        if not isinstance(exc, KafkaIOError) or exc.lost is None:
+            out.set_exception(exc)  # which records are at fault is unknown: all of them
+            return
+        lost = Counter(exc.lost)
         failed: dict[int, KafkaIOError] = {}
         for position, (raw_key, payloads) in enumerate(records):
             for payload in payloads:
-                # Unknown (no per-record reports): every record may have lost one.
-                if lost is None or lost[(raw_key, payload)] > 0:
-                    if lost is not None:
-                        lost[(raw_key, payload)] -= 1
+                if lost[(raw_key, payload)] > 0:
+                    lost[(raw_key, payload)] -= 1
                     failed[position] = exc
         out.set_exception(PartialSendError(failed) if failed else exc)
 

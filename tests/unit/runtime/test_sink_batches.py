@@ -115,3 +115,16 @@ def test_a_batch_sent_whole_resolves_once_every_output_is_acked() -> None:
     delivered(None, Msg(key, value, 2))
     acking._dispatch()
     assert fut.done() and fut.exception() is None
+
+
+def test_a_failure_that_names_no_records_fails_them_all_with_its_own_error() -> None:
+    from concurrent.futures import Future
+
+    from agents_stream.errors import KafkaIOError
+    from agents_stream.runtime.sink import _blamed
+
+    sent: Future[None] = Future()
+    blamed = _blamed(sent, [(b"k0", [b"1"]), (b"k1", [b"2"])])
+    error = KafkaIOError("broker unreachable")  # lost: unknown
+    sent.set_exception(error)
+    assert blamed.exception() is error
