@@ -32,9 +32,18 @@ class RecordRefusedError(KafkaIOError):
 class PartialSendError(KafkaIOError):
     """Outputs of several input records sent together, some of which did not reach the
     log: ``failed`` maps the position (in the batch sent) of each input record with an
-    output missing to its error; every output of the other records is durable."""
+    output missing to its error; every output of the other records is durable. The outputs
+    of one record (``KafkaOutputSink.send``) fail with it too, at position 0, whenever the
+    producer knows which records were lost."""
 
-    def __init__(self, failed: dict[int, KafkaIOError]) -> None:
+    def __init__(
+        self,
+        failed: dict[int, KafkaIOError],
+        landed: dict[int, tuple[int, ...]] | None = None,
+    ) -> None:
         first = failed[min(failed)]
         super().__init__(f"outputs of {len(failed)} record(s) not sent: {first}", code=first.code)
         self.failed = failed
+        # Per failed position, the indexes (among the outputs sent for it) of those that
+        # did reach the log; a position not here has none known to.
+        self.landed = landed or {}

@@ -111,6 +111,18 @@ CASES: list[tuple[str, int, JournalEntry]] = [
     ),
     ("truncation-topic", 5, Truncation(TOPIC_REF, 0, "s.b", "x", "s.a", "y", 1, 1_700_000_001_000)),
     ("input-progress", 5, InputProgress("user-events", 3, 1234, 1_700_000_002_000, "worker-7")),
+    (
+        "action-done-partly-emitted",
+        6,
+        ActionDone(
+            TOPIC_REF,
+            outputs=(b'{"n":0}', b'{"n":1}', b'{"n":2}'),
+            calls=1,
+            finished_ms=1_700_000_003_000,
+            emitted=False,
+            emitted_outputs=(0, 2),
+        ),
+    ),
 ]
 
 

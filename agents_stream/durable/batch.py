@@ -44,8 +44,15 @@ from .ackfuture import then
 from .acks import acked
 from .bridge import Finished, _Bridged, release, start
 from .journal import ActionDone, ActionRef
-from .runner import ActionRunner, RecordInput, RecordOutcome, _emitted, input_event
-from .store import all_of
+from .runner import (
+    ActionRunner,
+    RecordInput,
+    RecordOutcome,
+    _emitted,
+    _partly_emitted,
+    each_sent,
+    input_event,
+)
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -376,7 +383,7 @@ def _send_outputs(
             [(done.ref.key, values, done.outputs if stored else None) for done, values in sends]
         )
     else:
-        sent = all_of([runner._send(done, values) for done, values in sends])
+        sent = each_sent([runner._send(done, values) for done, values in sends])
     sent.add_done_callback(partial(_mark_emitted, runner, [done for done, _ in sends], partition))
     return sent
 
@@ -386,8 +393,16 @@ def _mark_emitted(
 ) -> None:
     exc = sent.exception()
     if isinstance(exc, PartialSendError):  # the others' outputs are durable
-        dones = [done for position, done in enumerate(dones) if position not in exc.failed]
+        marks = [
+            _emitted(done)
+            if position not in exc.failed
+            else _partly_emitted(done, exc.landed[position])
+            for position, done in enumerate(dones)
+            if position not in exc.failed or exc.landed.get(position)
+        ]
     elif exc is not None:
         return
-    if dones:
-        runner.store.note([_emitted(done) for done in dones], partition)
+    else:
+        marks = [_emitted(done) for done in dones]
+    if marks:
+        runner.store.note(marks, partition)

@@ -132,6 +132,9 @@ class ActionDone:
     emitted: bool = True  # outputs acknowledged by the output topic
     timers: tuple[TimerUpdate, ...] = ()
     memory_version: int = -1  # key-state version this action produced; -1: none / pre-v4
+    # While not ``emitted``: indexes of the outputs known to be in the log (a send that
+    # partly failed); a replay sends only the others. Empty before v6.
+    emitted_outputs: tuple[int, ...] = ()
 
     @property
     def ordinal(self) -> int:

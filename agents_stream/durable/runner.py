@@ -32,6 +32,7 @@ snapshot predates it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -41,8 +42,9 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..agent import ActionSpec, Agent
+from ..errors import KafkaIOError, PartialSendError
 from ..events import Event, EventError, InputEvent, TimerEvent
-from .ackfuture import resolved, then
+from .ackfuture import AckFuture, resolved, then
 from .acks import acked
 from .bridge import run_bridged
 from .context import ContextConfig, RunnerContext
@@ -298,7 +300,10 @@ class ActionRunner:
             appended = self.store.append([done], ref.partition)
             if ctx.outputs:
                 appended = then(appended, partial(self._send_outputs, done, ctx.outputs))
-            await acked(appended)
+            try:
+                await acked(appended)
+            except PartialSendError as exc:
+                raise exc.failed[0] from None  # its outputs that landed are marked
             outcome.outputs.extend(ctx.outputs)
             return done
         await self._settle(done, ctx, base, outcome)
@@ -383,13 +388,22 @@ class ActionRunner:
         return sent
 
     def _send(self, done: ActionDone, values: list[Any]) -> Future[None]:
+        """Send those of ``done``'s outputs not known to be in the log already."""
+        stored: Sequence[bytes] = done.outputs
+        if done.emitted_outputs:  # a send of them partly failed before: not those again
+            unsent = _unsent(done)
+            values = [values[i] for i in unsent]
+            stored = [stored[i] for i in unsent]
         if self.sends_stored:
-            return self.sink.send(done.ref.key, values, done.ref.partition, done.outputs)  # type: ignore[call-arg]
+            return self.sink.send(done.ref.key, values, done.ref.partition, stored)  # type: ignore[call-arg]
         return self.sink.send(done.ref.key, values, done.ref.partition)
 
     def _mark_emitted(self, done: ActionDone, sent: Future[None]) -> None:
-        if sent.exception() is None:
+        exc = sent.exception()
+        if exc is None:
             self.store.note([_emitted(done)], done.ref.partition)
+        elif isinstance(exc, PartialSendError) and exc.landed.get(0):
+            self.store.note([_partly_emitted(done, exc.landed[0])], done.ref.partition)
 
     async def _write_effects(
         self, done: ActionDone, base: dict[str, bytes], *, first: list[JournalEntry]
@@ -459,7 +473,12 @@ class ActionRunner:
         outcome.outputs.extend(values)
         if done.emitted:
             return
-        await acked(self._send(done, values))
+        try:
+            await acked(self._send(done, values))
+        except PartialSendError as exc:
+            if exc.landed.get(0):
+                self.store.note([_partly_emitted(done, exc.landed[0])], done.ref.partition)
+            raise exc.failed[0] from None
         # Not awaited: a lost marker only means the outputs may be sent once more.
         self.store.note([_emitted(done)], done.ref.partition)
 
@@ -495,6 +514,59 @@ def _emitted(done: ActionDone) -> ActionDone:
     marked: ActionDone = object.__new__(ActionDone)
     marked.__dict__.update(done.__dict__, emitted=True)
     return marked
+
+
+def each_sent(sends: Sequence[Future[None]]) -> Future[None]:
+    """One future for the sends of several records' outputs (one future per record),
+    settled once all are: failing with :class:`PartialSendError` naming the positions
+    whose send failed (and, from a record's own ``PartialSendError``, its outputs that
+    landed); the others' outputs are all durable."""
+    if not sends:
+        return resolved()
+    failed: dict[int, KafkaIOError] = {}
+    landed: dict[int, tuple[int, ...]] = {}
+    combined: Future[None] = AckFuture()
+    left = [len(sends)]
+    lock = threading.Lock()
+
+    def one_done(position: int, fut: Future[None]) -> None:
+        exc = fut.exception()
+        with lock:
+            if isinstance(exc, PartialSendError):
+                failed[position] = exc.failed[0]
+                if 0 in exc.landed:
+                    landed[position] = exc.landed[0]
+            elif isinstance(exc, KafkaIOError):
+                failed[position] = exc
+            elif exc is not None:
+                error = KafkaIOError(f"{type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                failed[position] = error
+            left[0] -= 1
+            if left[0]:
+                return
+        if failed:
+            combined.set_exception(PartialSendError(failed, landed))
+        else:
+            combined.set_result(None)
+
+    for position, fut in enumerate(sends):
+        fut.add_done_callback(partial(one_done, position))
+    return combined
+
+
+def _unsent(done: ActionDone) -> list[int]:
+    """Indexes of ``done``'s outputs not known to be in the log, in send order."""
+    known = set(done.emitted_outputs)
+    return [i for i in range(len(done.outputs)) if i not in known]
+
+
+def _partly_emitted(done: ActionDone, landed: Sequence[int]) -> ActionDone:
+    """``done`` (not emitted) noting that the outputs at ``landed`` of those its last
+    send sent (:func:`_unsent`) reached the log."""
+    unsent = _unsent(done)
+    known = set(done.emitted_outputs).union(unsent[i] for i in landed)
+    return replace(done, emitted=False, emitted_outputs=tuple(sorted(known)))
 
 
 def _version(snapshot: MemorySnapshot | None) -> int:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future
-from functools import partial
 from typing import Any
 
 from ..durable.ackfuture import AckFuture
-from ..durable.store import completed_future
+from ..durable.runner import each_sent
 from ..durable.values import plain_json
 from ..errors import KafkaIOError, PartialSendError, RecordRefusedError
 from ..kafka.producer import AckingProducer
@@ -39,11 +37,12 @@ class KafkaOutputSink:
         stored: Sequence[bytes] | None = None,
     ) -> Future[None]:
         """``stored``: the same values as their ActionDone journals them with the JSON
-        payload codec, if the caller has them."""
+        payload codec, if the caller has them. A failure that names the lost records is
+        a :class:`PartialSendError` at position 0 (``landed``: the outputs in the log)."""
         # The output keeps the input key; its partition follows from the key.
-        raw_key = key.encode()
-        return self._producer.send_all(
-            self._topic, [(raw_key, p) for p in self._payloads(values, stored)]
+        record = (key.encode(), self._payloads(values, stored))
+        return _blamed(
+            self._producer.send_all(self._topic, [(record[0], p) for p in record[1]]), [record]
         )
 
     def send_batch(
@@ -66,38 +65,15 @@ class KafkaOutputSink:
         return _blamed(sent, records)
 
     def _one_by_one(self, records: list[tuple[bytes, list[bytes]]]) -> Future[None]:
-        failed: dict[int, KafkaIOError] = {}
-        futures: list[Future[None]] = []
-        for position, (raw_key, payloads) in enumerate(records):
+        sends: list[Future[None]] = []
+        for raw_key, payloads in records:
             try:
-                futures.append(
-                    self._producer.send_all(self._topic, [(raw_key, p) for p in payloads])
-                )
-            except RecordRefusedError as exc:
-                failed[position] = exc
-                futures.append(completed_future())
-        combined: Future[None] = AckFuture()
-        left = [len(futures)]
-        lock = threading.Lock()
-
-        def one_done(position: int, fut: Future[None]) -> None:
-            exc = fut.exception()
-            with lock:
-                if isinstance(exc, KafkaIOError):
-                    failed[position] = exc
-                elif exc is not None:
-                    failed[position] = KafkaIOError(str(exc))
-                left[0] -= 1
-                if left[0]:
-                    return
-            if failed:
-                combined.set_exception(PartialSendError(failed))
-            else:
-                combined.set_result(None)
-
-        for position, fut in enumerate(futures):
-            fut.add_done_callback(partial(one_done, position))
-        return combined
+                sent = self._producer.send_all(self._topic, [(raw_key, p) for p in payloads])
+            except RecordRefusedError as exc:  # refused before any of them was produced
+                sent = AckFuture()
+                sent.set_exception(exc)
+            sends.append(_blamed(sent, [(raw_key, payloads)]))
+        return each_sent(sends)
 
     def _payloads(self, values: Sequence[Any], stored: Sequence[bytes] | None) -> list[bytes]:
         encode = self._codec.encode
@@ -111,7 +87,8 @@ class KafkaOutputSink:
 
 
 def _blamed(sent: Future[None], records: list[tuple[bytes, list[bytes]]]) -> Future[None]:
-    """``sent``, failing with the records whose outputs did not all reach the log."""
+    """``sent``, failing with the records whose outputs did not all reach the log, and
+    which of their outputs did (:class:`PartialSendError`)."""
     out: Future[None] = AckFuture()
 
     def settle(fut: Future[None]) -> None:
@@ -122,14 +99,23 @@ def _blamed(sent: Future[None], records: list[tuple[bytes, list[bytes]]]) -> Fut
         if not isinstance(exc, KafkaIOError) or exc.lost is None:
             out.set_exception(exc)  # which records are at fault is unknown: all of them
             return
+        # Equal (key, value) pairs are interchangeable: the keys of one send's records
+        # differ, so equal pairs are outputs of one record, and which of them is counted
+        # as lost changes neither what is resent nor its bytes.
         lost = Counter(exc.lost)
         failed: dict[int, KafkaIOError] = {}
+        landed: dict[int, tuple[int, ...]] = {}
         for position, (raw_key, payloads) in enumerate(records):
-            for payload in payloads:
+            kept = []
+            for index, payload in enumerate(payloads):
                 if lost[(raw_key, payload)] > 0:
                     lost[(raw_key, payload)] -= 1
                     failed[position] = exc
-        out.set_exception(PartialSendError(failed) if failed else exc)
+                else:
+                    kept.append(index)
+            if position in failed and kept:
+                landed[position] = tuple(kept)
+        out.set_exception(PartialSendError(failed, landed) if failed else exc)
 
     sent.add_done_callback(settle)
     return out

@@ -245,6 +245,7 @@ def to_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:
             "emitted": entry.emitted,
             "timers": [{"kind": t.kind, "ts": t.ts, "deleted": t.deleted} for t in entry.timers],
             "memory_version": entry.memory_version,
+            "emitted_outputs": list(entry.emitted_outputs),
         }
     if isinstance(entry, MemorySnapshot):
         return SNAPSHOT, {
@@ -321,6 +322,7 @@ def from_datum(name: str, d: dict[str, Any]) -> JournalEntry:
                 TimerUpdate(t["kind"], t["ts"], t["deleted"]) for t in d.get("timers", ())
             ),
             memory_version=d.get("memory_version", -1),
+            emitted_outputs=tuple(d.get("emitted_outputs", ())),
         )
     if name == SNAPSHOT:
         return MemorySnapshot(
@@ -455,6 +457,7 @@ def _bindings() -> dict[str, ObjectBinding]:
             "emitted": "{emitted}",
             "timers": "tuple({timers})",
             "memory_version": "{memory_version}",
+            "emitted_outputs": "tuple({emitted_outputs})",
         },
     )
     return {

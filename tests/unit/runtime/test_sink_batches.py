@@ -85,6 +85,15 @@ def test_a_failure_names_exactly_the_records_with_an_output_missing(
     assert isinstance(exc, PartialSendError)
     assert set(exc.failed) == {owners[n] for n in lost}
     assert all(isinstance(e, RecordRefusedError) for e in exc.failed.values())
+    # ``landed``: which of a failed record's outputs are in the log (equal values are
+    # interchangeable): a replay sends exactly the others.
+    for position in exc.failed:
+        mine = [n for n, owner in enumerate(owners) if owner == position]
+        values = [fake.produced[n][1] for n in mine]
+        landed = exc.landed.get(position, ())
+        assert sorted(values[i] for i in landed) == sorted(
+            fake.produced[n][1] for n in mine if n not in lost
+        )
 
 
 def test_a_record_refused_before_sending_fails_alone_and_the_others_are_sent() -> None:
@@ -100,7 +109,7 @@ def test_a_record_refused_before_sending_fails_alone_and_the_others_are_sent() -
     acking._dispatch()
     exc = fut.exception()
     assert isinstance(exc, PartialSendError) and set(exc.failed) == {1}
-    assert isinstance(exc.failed[1], RecordRefusedError)
+    assert isinstance(exc.failed[1], RecordRefusedError) and exc.landed == {}
     assert "message.max.bytes" in str(exc.failed[1])
 
 
@@ -128,3 +137,17 @@ def test_a_failure_that_names_no_records_fails_them_all_with_its_own_error() -> 
     error = KafkaIOError("broker unreachable")  # lost: unknown
     sent.set_exception(error)
     assert blamed.exception() is error
+
+
+def test_one_records_send_names_its_outputs_that_landed() -> None:
+    send, acking, fake = sink()
+    fut = send.send("k0", ["a", "b", "c"], 0)
+    for n, (key, value, delivered) in enumerate(fake.produced):
+        if n == 1:
+            delivered(KafkaError(KafkaError._MSG_TIMED_OUT), Msg(key, value, -1))
+        else:
+            delivered(None, Msg(key, value, n))
+    acking._dispatch()
+    exc = fut.exception()
+    assert isinstance(exc, PartialSendError)
+    assert exc.landed == {0: (0, 2)} and type(exc.failed[0]).__name__ == "KafkaIOError"

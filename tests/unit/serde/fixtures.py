@@ -89,6 +89,7 @@ journal_entries = st.one_of(
         calls=_int,
         finished_ms=_long,
         emitted=st.booleans(),
+        emitted_outputs=st.lists(st.integers(0, 2**31 - 1), max_size=3).map(tuple),
     ),
     st.builds(
         MemorySnapshot,

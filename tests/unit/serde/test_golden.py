@@ -136,3 +136,12 @@ def test_v5_topic_identity_and_progress_marker():
     )
     # entries written before v5 carry no topic: the store maps them to the binding's topic
     assert decode("v4-call-audited.bin").ref.topic == ""
+
+
+def test_v6_outputs_partly_emitted():
+    done = decode("v6-action-done-partly-emitted.bin")
+    assert (done.emitted, done.emitted_outputs) == (False, (0, 2))
+    assert done.outputs == (b'{"n":0}', b'{"n":1}', b'{"n":2}')
+    # written before v6: no output known durable on its own
+    assert decode("v5-action-done-topic.bin").emitted_outputs == ()
+    assert decode("v1-action-done.bin").emitted_outputs == ()

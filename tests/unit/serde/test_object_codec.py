@@ -81,6 +81,7 @@ dones = st.builds(
         max_size=2,
     ).map(tuple),
     memory_version=_long,
+    emitted_outputs=st.lists(st.integers(0, 2**31 - 1), max_size=3).map(tuple),
 )
 entries = calls | dones
 
