@@ -214,7 +214,8 @@ def format_key(entries: list[JournalEntry]) -> list[str]:
         seq, action, topic = run
         finished = done.get(run)
         state = (
-            f"completed ({finished.calls} calls, {len(finished.outputs)} outputs)"
+            f"completed ({finished.calls} calls, {len(finished.outputs)} outputs"
+            f"{_unsent(finished)})"
             if finished
             else "in progress"
         )
@@ -235,6 +236,17 @@ def format_key(entries: list[JournalEntry]) -> list[str]:
     for timer in sorted(timers, key=lambda t: (t.kind, t.ts)):
         lines.append(f"  timer {timer.kind} at {timer.ts} for {timer.agent or '?'}")
     return lines
+
+
+def _unsent(done: ActionDone) -> str:
+    """What ``state show`` says about outputs not known to be in the output topic (a run
+    in flight, or a failed send: a replay sends them)."""
+    if done.emitted or not done.outputs:
+        return ""
+    if done.emitted_outputs:
+        landed = len(done.emitted_outputs)
+        return f", {len(done.outputs) - landed} not emitted ({landed} in the log)"
+    return ", not emitted"
 
 
 def format_stats(entries: list[JournalEntry]) -> list[str]:
