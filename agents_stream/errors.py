@@ -38,11 +38,14 @@ class PartialSendError(KafkaIOError):
 
     def __init__(
         self,
-        failed: dict[int, KafkaIOError],
+        failed: dict[int, Exception],
         landed: dict[int, tuple[int, ...]] | None = None,
     ) -> None:
         first = failed[min(failed)]
-        super().__init__(f"outputs of {len(failed)} record(s) not sent: {first}", code=first.code)
+        super().__init__(
+            f"outputs of {len(failed)} record(s) not sent: {first}",
+            code=getattr(first, "code", None),
+        )
         self.failed = failed
         # Per failed position, the indexes (among the outputs sent for it) of those that
         # did reach the log; a position not here has none known to.

@@ -523,7 +523,7 @@ def each_sent(sends: Sequence[Future[None]]) -> Future[None]:
     landed); the others' outputs are all durable."""
     if not sends:
         return resolved()
-    failed: dict[int, KafkaIOError] = {}
+    failed: dict[int, Exception] = {}
     landed: dict[int, tuple[int, ...]] = {}
     combined: Future[None] = AckFuture()
     left = [len(sends)]
@@ -536,12 +536,10 @@ def each_sent(sends: Sequence[Future[None]]) -> Future[None]:
                 failed[position] = exc.failed[0]
                 if 0 in exc.landed:
                     landed[position] = exc.landed[0]
-            elif isinstance(exc, KafkaIOError):
+            elif isinstance(exc, Exception):  # a sink's own error keeps its type
                 failed[position] = exc
-            elif exc is not None:
-                error = KafkaIOError(f"{type(exc).__name__}: {exc}")
-                error.__cause__ = exc
-                failed[position] = error
+            elif exc is not None:  # cancelled
+                failed[position] = KafkaIOError(f"output send {type(exc).__name__}")
             left[0] -= 1
             if left[0]:
                 return
