@@ -90,6 +90,10 @@ class App:
             consumer-group offset reset. By default they are skipped: they finished, and
             running them again charges every side effect once more.
         commit_interval: seconds between offset commits.
+        output_scan_window: seconds after an action finished during which a worker that
+            recovers it unmarked (a worker died after its outputs were acked, before the
+            emitted marker was) looks its outputs up in the output topic and sends only
+            those not there; older ones, or all with 0, are sent again.
         partitions: partition count of topics the worker has to create.
         replication_factor: replication of topics the worker creates (-1: the broker's
             ``default.replication.factor``); ``--replication-factor`` overrides it.
@@ -119,6 +123,7 @@ class App:
     prune_completed: bool = True
     rerun_completed: bool = False
     commit_interval: float = 1.0
+    output_scan_window: float = 3600.0
     partitions: int = 4
     replication_factor: int = -1
     min_insync_replicas: int | None = None

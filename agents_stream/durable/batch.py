@@ -379,9 +379,17 @@ def _send_outputs(
     send_batch = getattr(sink, "send_batch", None)
     if send_batch is not None:
         stored = runner.sends_stored
-        sent = send_batch(
-            [(done.ref.key, values, done.outputs if stored else None) for done, values in sends]
-        )
+        if runner.sends_refs:
+            sent = send_batch(
+                [
+                    (done.ref.key, values, done.outputs if stored else None, done.ref)
+                    for done, values in sends
+                ]
+            )
+        else:
+            sent = send_batch(
+                [(done.ref.key, values, done.outputs if stored else None) for done, values in sends]
+            )
     else:
         sent = each_sent([runner._send(done, values) for done, values in sends])
     sent.add_done_callback(partial(_mark_emitted, runner, [done for done, _ in sends], partition))

@@ -32,6 +32,8 @@ snapshot predates it.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -65,13 +67,21 @@ from .payload import JsonCodec
 from .store import ActionStateStore, all_of
 from .timers import Timers
 
+log = logging.getLogger(__name__)
+
 
 class OutputSink(Protocol):
     """Where outputs go. A sink may also offer ``send_batch(outputs)`` (triples of key,
     values and ``stored``, one future for all), which the batch path uses when present.
     A sink with ``takes_stored = True`` is also given ``stored``, the values as their
     ActionDone journals them with the JSON payload codec (see ``values.plain_json``),
-    as the fourth argument of ``send``; else ``send_batch`` gets None for it."""
+    as the fourth argument of ``send``; else ``send_batch`` gets None for it. A sink with
+    ``takes_ref = True`` is also given the action run and the indexes of the outputs
+    sent among its outputs (keywords ``ref`` and ``indexes`` of ``send``; a fourth item,
+    the ref, of each ``send_batch`` tuple), to stamp each output with its identity; such
+    a sink may offer ``landed(ref, indexes, since_ms)`` (blocking), the indexes whose
+    output is in the log already, which recovery asks before it sends the outputs of an
+    ActionDone not marked emitted."""
 
     def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
         """Send ``values`` downstream; the future resolves when they are durable."""
@@ -149,6 +159,8 @@ class ActionRunner:
         self.sends_stored = type(config.codec) is JsonCodec and getattr(
             self.sink, "takes_stored", False
         )
+        # Whether the sink takes the action run and output indexes (identity headers).
+        self.sends_refs = bool(getattr(self.sink, "takes_ref", False))
         self.on_timers = on_timers
         self._actions = agent.actions()
         # The batch path (durable/batch.py) runs the first action of many records
@@ -267,6 +279,8 @@ class ActionRunner:
                 else:
                     outcome.actions_skipped += 1
                     await self._apply_effects_once(done)
+                    if not done.emitted and done.outputs:
+                        done = await self._found_in_log(done)
                     await self._emit_once(done, outcome, None)
                 queue.extend(self._rebuild_events(done))
 
@@ -390,10 +404,20 @@ class ActionRunner:
     def _send(self, done: ActionDone, values: list[Any]) -> Future[None]:
         """Send those of ``done``'s outputs not known to be in the log already."""
         stored: Sequence[bytes] = done.outputs
+        unsent = None
         if done.emitted_outputs:  # a send of them partly failed before: not those again
             unsent = _unsent(done)
             values = [values[i] for i in unsent]
             stored = [stored[i] for i in unsent]
+        if self.sends_refs:
+            return self.sink.send(  # type: ignore[call-arg]
+                done.ref.key,
+                values,
+                done.ref.partition,
+                stored if self.sends_stored else None,
+                ref=done.ref,
+                indexes=unsent,
+            )
         if self.sends_stored:
             return self.sink.send(done.ref.key, values, done.ref.partition, stored)  # type: ignore[call-arg]
         return self.sink.send(done.ref.key, values, done.ref.partition)
@@ -463,6 +487,34 @@ class ActionRunner:
             done = replace(done, memory_version=_version(snapshot) + 1)
         base = dict(snapshot.values) if snapshot else {}
         await self._write_effects(done, base, first=[])
+
+    async def _found_in_log(self, done: ActionDone) -> ActionDone:
+        """``done`` (not marked emitted) with the outputs the sink finds in the log
+        already counted as emitted (a worker died after they were acked, before the
+        marker was), and that mark noted."""
+        landed = getattr(self.sink, "landed", None)
+        if landed is None:
+            return done
+        unsent = _unsent(done)
+        try:
+            found = await asyncio.to_thread(landed, done.ref, unsent, done.finished_ms)
+        except Exception as exc:  # cannot tell: send them (at least once, as before)
+            log.warning(
+                "outputs of key=%r seq=%s action=%s not looked up in the output topic, "
+                "sending them again: %s",
+                done.ref.key,
+                done.ref.seq,
+                done.ref.action,
+                exc,
+            )
+            return done
+        if not found:
+            return done
+        marked = _partly_emitted(done, [unsent.index(j) for j in found])
+        if len(marked.emitted_outputs) == len(done.outputs):
+            marked = _emitted(done)
+        self.store.note([marked], done.ref.partition)
+        return marked
 
     async def _emit_once(
         self, done: ActionDone, outcome: RecordOutcome, values: list[Any] | None

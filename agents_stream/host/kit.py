@@ -40,6 +40,7 @@ from ..durable.store import ActionStateStore
 from ..kafka.config import producer_config
 from ..kafka.producer import AckingProducer
 from ..runtime.dlq import DeadLetters
+from ..runtime.output_log import OutputLog
 from ..runtime.sink import KafkaOutputSink
 from ..serde.journal import default_journal_codec
 from ..serde.values import ValueCodec, value_codec
@@ -125,11 +126,17 @@ class DurableHost:
         store.legacy_topics = frozenset(app.input_topics[:1])
         self.store: ActionStateStore = store
         self.bindings: dict[str, Binding] = {}
+        self._output_logs: list[OutputLog] = []
         for spec in app.agents:
             out_codec = self._codec(spec.output_schema, spec.output) if spec.output else None
             sink = own_sinks.get(spec.input)
             if sink is None and produce and out_codec is not None and self.producer:
-                sink = KafkaOutputSink(self.producer, spec.output, out_codec)  # type: ignore[arg-type]
+                assert spec.output is not None
+                found = OutputLog(bootstrap, spec.output, app.id, window_s=app.output_scan_window)
+                self._output_logs.append(found)
+                sink = KafkaOutputSink(
+                    self.producer, spec.output, out_codec, origin=app.id, output_log=found
+                )
             runner = ActionRunner(
                 spec.agent, store, self.context, sink, on_timers=on_timers, topic=spec.input
             )
@@ -171,4 +178,6 @@ class DurableHost:
         release the caches."""
         if self.producer is not None:
             self.producer.close()
+        for found in self._output_logs:
+            found.close()
         self.store.close()

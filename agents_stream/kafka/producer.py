@@ -191,9 +191,11 @@ class AckingProducer:
         records: Sequence[tuple[bytes | None, bytes | None]],
         *,
         partition: int | None = None,
+        headers: Sequence[list[tuple[str, bytes]] | None] | None = None,
     ) -> Future[None]:
-        """Send ``(key, value)`` records; one future for all of them (failed if any
-        record failed, once every record is reported)."""
+        """Send ``(key, value)`` records (``headers``: each record's, in order); one
+        future for all of them (failed if any record failed, once every record is
+        reported)."""
         fut: AckFuture[None] = AckFuture()
         if not records:
             fut.set_result(None)
@@ -204,14 +206,19 @@ class AckingProducer:
             # Keyed records of a hooked topic: the hook needs each one's partition.
             countdown = _Countdown(fut, len(records))
             with self._send_lock:
-                for key, value in records:
+                for n, (key, value) in enumerate(records):
                     delivered = partial(self._delivered, key, value, countdown, sent)
-                    self._produce(topic, value, key, partition, None, delivered)
+                    extra = headers[n] if headers else None
+                    self._produce(topic, value, key, partition, extra, delivered)
             return fut
         group_delivered = _Group(self, records, fut, len(records), sent).delivered
         with self._ordered(topic):
-            for key, value in records:
-                self._produce(topic, value, key, partition, None, group_delivered)
+            if headers:
+                for (key, value), extra in zip(records, headers, strict=True):
+                    self._produce(topic, value, key, partition, extra, group_delivered)
+            else:
+                for key, value in records:
+                    self._produce(topic, value, key, partition, None, group_delivered)
         return fut
 
     def _check_sizes(
@@ -315,11 +322,10 @@ class AckingProducer:
                     # Positional: the usual journal append skips building keyword args.
                     producer.produce(topic, value, key, partition, delivered)
                 elif headers:
-                    kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
-                    if partition is not None:
-                        kwargs["partition"] = partition
-                    kwargs["headers"] = headers
-                    producer.produce(topic, **kwargs)
+                    # -1: the partitioner's choice. (The fifth parameter is ``callback``,
+                    # then ``on_delivery`` and ``timestamp``: headers go by keyword.)
+                    where = -1 if partition is None else partition
+                    producer.produce(topic, value, key, where, delivered, headers=headers)
                 else:
                     producer.produce(topic, value, key, on_delivery=delivered)
                 return

@@ -8,23 +8,43 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..durable.ackfuture import AckFuture
+from ..durable.journal import ActionRef
 from ..durable.runner import each_sent
 from ..durable.values import plain_json
 from ..errors import KafkaIOError, PartialSendError, RecordRefusedError
 from ..kafka.producer import AckingProducer
 from ..serde.values import JsonValueCodec
+from .output_log import OUTPUT_HEADER, OutputLog, output_prefix
+
+# One input record's outputs as sent: key, encoded values, each value's headers.
+_Record = tuple[bytes, list[bytes], list[list[tuple[str, bytes]]] | None]
 
 
 class KafkaOutputSink:
+    """An agent's outputs to its output topic, each with its identity in a header
+    (``x-agents-stream-output``, see ``runtime/output_log.py``); with an ``output_log``
+    it also answers which outputs of an action are in the topic already."""
+
     # The runner may call send from the producer's thread (chained on an ActionDone ack):
     # producing is thread-safe and the codecs keep no per-call state.
     threadsafe = True
     takes_stored = True  # see OutputSink
+    takes_ref = True
 
-    def __init__(self, producer: AckingProducer, topic: str, codec: Any) -> None:
+    def __init__(
+        self,
+        producer: AckingProducer,
+        topic: str,
+        codec: Any,
+        *,
+        origin: str = "",
+        output_log: OutputLog | None = None,
+    ) -> None:
         self._producer = producer
         self._topic = topic
         self._codec = codec
+        self._origin = origin
+        self.output_log = output_log
         # The default topic codec writes what the journal already holds for a plain
         # value: take those bytes rather than encode the value twice.
         self._reuse = type(codec) is JsonValueCodec
@@ -35,44 +55,82 @@ class KafkaOutputSink:
         values: Sequence[Any],
         partition: int,
         stored: Sequence[bytes] | None = None,
+        *,
+        ref: ActionRef | None = None,
+        indexes: Sequence[int] | None = None,
     ) -> Future[None]:
         """``stored``: the same values as their ActionDone journals them with the JSON
-        payload codec, if the caller has them. A failure that names the lost records is
-        a :class:`PartialSendError` at position 0 (``landed``: the outputs in the log)."""
+        payload codec, if the caller has them; ``ref`` and ``indexes``: the action run
+        and the indexes of these outputs among its outputs (default: 0, 1, ...), for
+        their identity headers. A failure that names the lost records is a
+        :class:`PartialSendError` at position 0 (``landed``: the outputs in the log)."""
         # The output keeps the input key; its partition follows from the key.
-        record = (key.encode(), self._payloads(values, stored))
-        return _blamed(
-            self._producer.send_all(self._topic, [(record[0], p) for p in record[1]]), [record]
-        )
+        record = self._record(key, values, stored, ref, indexes)
+        return _blamed(self._send(record), [record])
 
     def send_batch(
-        self, outputs: Sequence[tuple[str, Sequence[Any], Sequence[bytes] | None]]
+        self,
+        outputs: Sequence[tuple[Any, ...]],
     ) -> Future[None]:
         """Outputs of many input records (a batch's finished actions; key, values,
-        ``stored`` as for :meth:`send`), one future for all. A failure names the records
-        at fault (:class:`PartialSendError`): every output of the others is durable, so
-        they are finished rather than failed with them (a replay would send them again)."""
+        ``stored`` and, optionally, ``ref`` as for :meth:`send`), one future for all. A failure names
+        the records at fault (:class:`PartialSendError`): every output of the others is
+        durable, so they are finished rather than failed with them (a replay would send
+        them again)."""
         records = [
-            (key.encode(), self._payloads(values, stored)) for key, values, stored in outputs
+            self._record(out[0], out[1], out[2], out[3] if len(out) > 3 else None, None)
+            for out in outputs
         ]
-        flat = [(raw_key, p) for raw_key, payloads in records for p in payloads]
+        flat = [(raw_key, p) for raw_key, payloads, _ in records for p in payloads]
+        headers = None
+        if any(each for _, _, each in records):
+            headers = [h for _, out, each in records for h in (each or [None] * len(out))]
         try:
-            sent = self._producer.send_all(self._topic, flat)
+            sent = self._producer.send_all(self._topic, flat, headers=headers)
         except RecordRefusedError:
             # Refused before anything was produced (one output over message.max.bytes):
             # each record's outputs on their own, right away, in the same order.
             return self._one_by_one(records)
         return _blamed(sent, records)
 
-    def _one_by_one(self, records: list[tuple[bytes, list[bytes]]]) -> Future[None]:
+    def landed(self, ref: ActionRef, indexes: Sequence[int], since_ms: int) -> list[int]:
+        """Those of ``indexes`` whose output of action run ``ref`` is in the topic
+        already (blocking; [] without an output log)."""
+        if self.output_log is None:
+            return []
+        return self.output_log.landed(ref, indexes, since_ms)
+
+    def _record(
+        self,
+        key: str,
+        values: Sequence[Any],
+        stored: Sequence[bytes] | None,
+        ref: ActionRef | None,
+        indexes: Sequence[int] | None,
+    ) -> _Record:
+        payloads = self._payloads(values, stored)
+        if ref is None or not self._origin:
+            return key.encode(), payloads, None
+        prefix = output_prefix(self._origin, ref)
+        numbers = range(len(payloads)) if indexes is None else indexes
+        headers = [[(OUTPUT_HEADER, f"{prefix}{j}".encode())] for j in numbers]
+        return key.encode(), payloads, headers
+
+    def _send(self, record: _Record) -> Future[None]:
+        raw_key, payloads, headers = record
+        return self._producer.send_all(
+            self._topic, [(raw_key, p) for p in payloads], headers=headers
+        )
+
+    def _one_by_one(self, records: list[_Record]) -> Future[None]:
         sends: list[Future[None]] = []
-        for raw_key, payloads in records:
+        for record in records:
             try:
-                sent = self._producer.send_all(self._topic, [(raw_key, p) for p in payloads])
+                sent = self._send(record)
             except RecordRefusedError as exc:  # refused before any of them was produced
                 sent = AckFuture()
                 sent.set_exception(exc)
-            sends.append(_blamed(sent, [(raw_key, payloads)]))
+            sends.append(_blamed(sent, [record]))
         return each_sent(sends)
 
     def _payloads(self, values: Sequence[Any], stored: Sequence[bytes] | None) -> list[bytes]:
@@ -86,7 +144,7 @@ class KafkaOutputSink:
         return out
 
 
-def _blamed(sent: Future[None], records: list[tuple[bytes, list[bytes]]]) -> Future[None]:
+def _blamed(sent: Future[None], records: list[_Record]) -> Future[None]:
     """``sent``, failing with the records whose outputs did not all reach the log, and
     which of their outputs did (:class:`PartialSendError`)."""
     out: Future[None] = AckFuture()
@@ -105,7 +163,7 @@ def _blamed(sent: Future[None], records: list[tuple[bytes, list[bytes]]]) -> Fut
         lost = Counter(exc.lost)
         failed: dict[int, KafkaIOError] = {}
         landed: dict[int, tuple[int, ...]] = {}
-        for position, (raw_key, payloads) in enumerate(records):
+        for position, (raw_key, payloads, _) in enumerate(records):
             kept = []
             for index, payload in enumerate(payloads):
                 if lost[(raw_key, payload)] > 0:

@@ -1,0 +1,161 @@
+"""Outputs already in the output topic, for actions whose emitted marker is missing.
+
+An action's outputs are sent once its ActionDone is acked; once they are acked, a marker
+(the ActionDone with ``emitted=True``) is written without waiting for it. A worker that
+dies between the two leaves an ActionDone that is not marked, and the next owner would
+send its outputs again. So every output carries its identity in the header
+``x-agents-stream-output`` (app id, input topic, partition, offset, action and the
+output's index), and a worker recovering such an ActionDone reads the output topic from
+shortly before the action finished to its end: the outputs it finds are not sent again.
+
+The read is bounded by time (``offsets_for_times``): an ActionDone that finished longer
+ago than ``App(output_scan_window=...)`` is not looked up (its outputs not marked are
+sent), and neither is anything when the window is 0. A broker whose time index answers
+every lookup with offset 0 (the embedded test broker) makes each read start at the
+beginning: slower, still correct.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from ..durable.journal import ActionRef
+from ..errors import KafkaIOError
+from ..kafka.config import reader_config
+
+log = logging.getLogger(__name__)
+
+OUTPUT_HEADER = "x-agents-stream-output"
+
+# Output timestamps come from the producer's clock just after the action finished, or
+# from the broker's with LogAppendTime: start the read this much earlier.
+CLOCK_SKEW_MS = 60_000
+# What was read is kept while recoveries ask again soon after (one read serves the many
+# ActionDones of a partition taken over together), then dropped.
+KEEP_S = 30.0
+
+
+def output_prefix(origin: str, ref: ActionRef) -> str:
+    """The header value of ``ref``'s outputs, up to the output's index."""
+    return f"{origin}/{ref.topic}/{ref.partition}/{ref.seq}/{ref.action}/"
+
+
+class OutputLog:
+    """Which outputs of an action are in ``topic`` already (blocking reads; thread-safe).
+
+    Keeps the identities of this app's outputs read so far and, per partition, the range
+    of offsets read; a later question reads only what was appended since (and, if it
+    reaches further back in time, what lies before the range)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        origin: str,
+        *,
+        window_s: float,
+        overrides: dict[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.topic = topic
+        self.origin = origin
+        self.window_ms = int(window_s * 1000)
+        self._bootstrap = bootstrap
+        self._overrides = overrides
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._consumer: Consumer | None = None
+        self._seen: set[bytes] = set()
+        self._read: dict[int, tuple[int, int]] = {}  # partition -> [first, next) read
+        self._used = 0.0
+
+    def landed(self, ref: ActionRef, indexes: Sequence[int], since_ms: int) -> list[int]:
+        """Those of ``indexes`` (output indexes of the action run ``ref``, finished at
+        ``since_ms``) whose output is in the topic; [] when ``since_ms`` is out of the
+        window."""
+        if not indexes or self.window_ms <= 0 or time.time() * 1000 - since_ms > self.window_ms:
+            return []
+        prefix = output_prefix(self.origin, ref).encode()
+        with self._lock:
+            if time.monotonic() - self._used > KEEP_S:
+                self._seen.clear()
+                self._read.clear()
+            self._catch_up(since_ms - CLOCK_SKEW_MS)
+            self._used = time.monotonic()
+            return [j for j in indexes if prefix + str(j).encode() in self._seen]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+
+    def _catch_up(self, from_ms: int) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            consumer = self._consumer = Consumer(reader_config(self._bootstrap, self._overrides))
+        meta = consumer.list_topics(self.topic, timeout=self._timeout).topics.get(self.topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            reason = meta.error if meta is not None and meta.error else "no partitions"
+            raise KafkaIOError(f"cannot read output topic {self.topic!r}: {reason}")
+        found = consumer.offsets_for_times(
+            [TopicPartition(self.topic, p, max(from_ms, 0)) for p in sorted(meta.partitions)],
+            timeout=self._timeout,
+        )
+        starts: dict[int, int] = {}
+        for tp in found:
+            if tp.error is not None:
+                raise KafkaIOError(f"offset lookup in {self.topic!r}[{tp.partition}]: {tp.error}")
+            first, after = self._read.get(tp.partition, (None, None))
+            if tp.offset < 0:  # nothing at or after from_ms: only what was appended since
+                if after is not None:
+                    starts[tp.partition] = after
+                continue
+            if first is None or tp.offset < first:
+                self._read.pop(tp.partition, None)  # read again from further back
+                starts[tp.partition] = tp.offset
+            else:
+                starts[tp.partition] = after  # type: ignore[assignment]
+        if starts:
+            self._read_to_end(consumer, starts)
+
+    def _read_to_end(self, consumer: Consumer, starts: dict[int, int]) -> None:
+        consumer.assign([TopicPartition(self.topic, p, o) for p, o in starts.items()])
+        pending = set(starts)
+        nexts = dict(starts)
+        origin = (self.origin + "/").encode()
+        deadline = time.monotonic() + self._timeout
+        try:
+            while pending:
+                if time.monotonic() > deadline:
+                    raise KafkaIOError(
+                        f"end of output topic {self.topic!r}{sorted(pending)} not reached "
+                        f"in {self._timeout}s"
+                    )
+                for msg in consumer.consume(1000, 0.2):
+                    p = msg.partition()
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            raise KafkaIOError(f"reading {self.topic!r}: {err}", code=err.code())
+                        _, high = consumer.get_watermark_offsets(
+                            TopicPartition(self.topic, p), cached=True
+                        )
+                        if msg.offset() >= high:
+                            pending.discard(p)
+                        continue
+                    nexts[p] = msg.offset() + 1
+                    for name, value in msg.headers() or ():
+                        if name == OUTPUT_HEADER and value and value.startswith(origin):
+                            self._seen.add(value)
+        finally:
+            consumer.unassign()
+        for p, after in nexts.items():
+            first = self._read.get(p, (starts[p], 0))[0]
+            self._read[p] = (min(first, starts[p]), after)

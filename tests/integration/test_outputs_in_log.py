@@ -1,0 +1,87 @@
+"""Outputs already in the output topic are not sent again (guarantee 4).
+
+A worker that dies after an action's outputs were acked but before its emitted marker
+was leaves an ActionDone not marked emitted. The test writes exactly that state before
+any worker runs: for each input, the ActionDone the dead worker journaled and the
+outputs it got into the output topic (each with its identity header), then starts a
+worker on today's code and counts the outputs.
+
+- ``all``: both outputs landed: nothing is sent again;
+- ``part``: the first of two landed: only the second is sent;
+- ``none``: none landed: it is sent once;
+- ``old``: it landed, but the action finished longer ago than ``output_scan_window``: it
+  is sent again (documented; the read of the output topic is bounded in time);
+- ``fresh``: no journal: the action runs, its output is sent once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+from confluent_kafka import Producer
+
+from agents_stream.durable.journal import ActionDone, ActionRef
+from agents_stream.kafka.admin import TopicAdmin, compacted
+from agents_stream.serde.journal import default_journal_codec
+from agents_stream.state.keys import entry_key_bytes
+from agents_stream.testing.topics import create_topics, produce, read_topic, wait_for_records
+
+pytestmark = pytest.mark.broker
+
+APP = "tests.apps.outputs_app:app"
+ACTION = "Emitter.emit#0"
+# input -> (outputs the action emitted, how many reached the output topic, finished ago s)
+SCENARIOS = {"all": (2, 2, 5), "part": (2, 1, 5), "none": (1, 0, 5), "old": (1, 1, 7200)}
+
+
+def output(key: str, j: int) -> bytes:
+    return json.dumps({"k": key, "j": j}, separators=(",", ":")).encode()
+
+
+def test_outputs_found_in_the_output_topic_are_not_sent_again(
+    broker, topic_factory, worker_factory
+):
+    app_id, source, out = topic_factory("app"), topic_factory("in"), topic_factory("out")
+    create_topics(broker.bootstrap, [source, out], partitions=1)
+    TopicAdmin(broker.bootstrap).ensure([compacted(f"{app_id}-action-state", 1)])
+    produce(broker.bootstrap, source, [(k, {"n": n}) for k, (n, _, _) in SCENARIOS.items()])
+    produce(broker.bootstrap, source, [("fresh", {"n": 1})])
+    offsets = {r.key: r.offset for r in read_topic(broker.bootstrap, source)}
+
+    codec = default_journal_codec()
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 3})
+    now_ms = int(time.time() * 1000)
+    for key, (emitted, landed, ago) in SCENARIOS.items():
+        ref = ActionRef(key, offsets[key], ACTION, 0, source)
+        outputs = tuple(output(key, j) for j in range(emitted))
+        done = ActionDone(
+            ref, outputs=outputs, finished_ms=now_ms - ago * 1000, emitted=False
+        )
+        producer.produce(
+            f"{app_id}-action-state", codec.encode(done), entry_key_bytes(done), partition=0
+        )
+        for j in range(landed):  # what the dead worker got into the output topic
+            identity = f"{app_id}/{source}/0/{offsets[key]}/{ACTION}/{j}"
+            producer.produce(
+                out, outputs[j], key.encode(), headers=[("x-agents-stream-output", identity)]
+            )
+    assert producer.flush(30) == 0
+
+    worker = worker_factory(APP, {"AS_APP_ID": app_id, "AS_INPUT": source, "AS_OUTPUT": out})
+    expected = Counter(
+        {("all", 0): 1, ("all", 1): 1, ("part", 0): 1, ("part", 1): 1, ("none", 0): 1}
+    )
+    expected.update({("old", 0): 2, ("fresh", 0): 1})
+    wait_for_records(broker.bootstrap, out, sum(expected.values()), timeout=60)
+    time.sleep(3)  # anything sent twice would follow within this
+    records = read_topic(broker.bootstrap, out)
+    seen = Counter((r.json()["k"], r.json()["j"]) for r in records)
+    assert seen == expected, worker.log()
+    # Every output the worker sent names its action run and index.
+    fresh = [r for r in records if r.json()["k"] == "fresh"]
+    identity = f"{app_id}/{source}/0/{offsets['fresh']}/{ACTION}/0".encode()
+    assert fresh[0].headers.get("x-agents-stream-output") == identity
+    assert worker.terminate() == 0, worker.log()
