@@ -123,7 +123,7 @@ class App:
     prune_completed: bool = True
     rerun_completed: bool = False
     commit_interval: float = 1.0
-    output_scan_window: float = 3600.0
+    output_scan_window: float = 600.0
     partitions: int = 4
     replication_factor: int = -1
     min_insync_replicas: int | None = None

@@ -134,6 +134,9 @@ class DurableHost:
                 assert spec.output is not None
                 found = OutputLog(bootstrap, spec.output, app.id, window_s=app.output_scan_window)
                 self._output_logs.append(found)
+                if isinstance(store, KafkaActionStateStore):
+                    # A partition's previous owner may have sent outputs since the read.
+                    store.on_assign.append(lambda _, log=found: log.mark_stale())
                 sink = KafkaOutputSink(
                     self.producer, spec.output, out_codec, origin=app.id, output_log=found
                 )

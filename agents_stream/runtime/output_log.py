@@ -49,9 +49,11 @@ def output_prefix(origin: str, ref: ActionRef) -> str:
 class OutputLog:
     """Which outputs of an action are in ``topic`` already (blocking reads; thread-safe).
 
-    Keeps the identities of this app's outputs read so far and, per partition, the range
-    of offsets read; a later question reads only what was appended since (and, if it
-    reaches further back in time, what lies before the range)."""
+    Keeps the identities read of the outputs of the input partitions asked about, and
+    how far each output partition was read. A question about another input partition,
+    or one reaching further back in time, reads the window again; after
+    :meth:`mark_stale` (a partition assignment: its previous owner may have written more)
+    the next question reads what was appended since; other questions read nothing."""
 
     def __init__(
         self,
@@ -71,9 +73,19 @@ class OutputLog:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._consumer: Consumer | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._parts: set[bytes] = set()  # identity prefixes of the input partitions kept
         self._seen: set[bytes] = set()
-        self._read: dict[int, tuple[int, int]] = {}  # partition -> [first, next) read
-        self._used = 0.0
+        self._from_ms: int | None = None  # the read starts at this output timestamp
+        self._next: dict[int, int] = {}  # output partition -> next offset to read
+        self._stale = True
+        self._used = time.monotonic()
+
+    def mark_stale(self) -> None:
+        """Outputs may have been appended that matter (partitions were assigned)."""
+        self._stale = True
 
     def landed(self, ref: ActionRef, indexes: Sequence[int], since_ms: int) -> list[int]:
         """Those of ``indexes`` (output indexes of the action run ``ref``, finished at
@@ -81,12 +93,20 @@ class OutputLog:
         window."""
         if not indexes or self.window_ms <= 0 or time.time() * 1000 - since_ms > self.window_ms:
             return []
+        part = f"{self.origin}/{ref.topic}/{ref.partition}/".encode()
         prefix = output_prefix(self.origin, ref).encode()
+        from_ms = since_ms - CLOCK_SKEW_MS
         with self._lock:
             if time.monotonic() - self._used > KEEP_S:
+                self._reset()
+            if part not in self._parts or self._from_ms is None or from_ms < self._from_ms:
+                self._parts.add(part)
+                self._from_ms = from_ms if self._from_ms is None else min(from_ms, self._from_ms)
                 self._seen.clear()
-                self._read.clear()
-            self._catch_up(since_ms - CLOCK_SKEW_MS)
+                self._read(self._starts(self._from_ms))
+            elif self._stale:
+                self._read(dict(self._next))
+            self._stale = False
             self._used = time.monotonic()
             return [j for j in indexes if prefix + str(j).encode() in self._seen]
 
@@ -96,10 +116,14 @@ class OutputLog:
                 self._consumer.close()
                 self._consumer = None
 
-    def _catch_up(self, from_ms: int) -> None:
-        consumer = self._consumer
-        if consumer is None:
-            consumer = self._consumer = Consumer(reader_config(self._bootstrap, self._overrides))
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(reader_config(self._bootstrap, self._overrides))
+        return self._consumer
+
+    def _starts(self, from_ms: int) -> dict[int, int]:
+        """Per output partition, the first offset at or after ``from_ms``."""
+        consumer = self._client()
         meta = consumer.list_topics(self.topic, timeout=self._timeout).topics.get(self.topic)
         if meta is None or meta.error is not None or not meta.partitions:
             reason = meta.error if meta is not None and meta.error else "no partitions"
@@ -112,24 +136,18 @@ class OutputLog:
         for tp in found:
             if tp.error is not None:
                 raise KafkaIOError(f"offset lookup in {self.topic!r}[{tp.partition}]: {tp.error}")
-            first, after = self._read.get(tp.partition, (None, None))
-            if tp.offset < 0:  # nothing at or after from_ms: only what was appended since
-                if after is not None:
-                    starts[tp.partition] = after
-                continue
-            if first is None or tp.offset < first:
-                self._read.pop(tp.partition, None)  # read again from further back
-                starts[tp.partition] = tp.offset
-            else:
-                starts[tp.partition] = after  # type: ignore[assignment]
-        if starts:
-            self._read_to_end(consumer, starts)
+            if tp.offset < 0:  # nothing at or after from_ms: from the current end
+                tp.offset = consumer.get_watermark_offsets(tp, timeout=self._timeout)[1]
+            starts[tp.partition] = tp.offset
+        return starts
 
-    def _read_to_end(self, consumer: Consumer, starts: dict[int, int]) -> None:
+    def _read(self, starts: dict[int, int]) -> None:
+        """Read each output partition from its start to the end its fetch reports."""
+        consumer = self._client()
         consumer.assign([TopicPartition(self.topic, p, o) for p, o in starts.items()])
         pending = set(starts)
-        nexts = dict(starts)
-        origin = (self.origin + "/").encode()
+        self._next.update(starts)
+        parts = self._parts
         deadline = time.monotonic() + self._timeout
         try:
             while pending:
@@ -150,12 +168,9 @@ class OutputLog:
                         if msg.offset() >= high:
                             pending.discard(p)
                         continue
-                    nexts[p] = msg.offset() + 1
+                    self._next[p] = msg.offset() + 1
                     for name, value in msg.headers() or ():
-                        if name == OUTPUT_HEADER and value and value.startswith(origin):
+                        if name == OUTPUT_HEADER and any(map(value.startswith, parts)):
                             self._seen.add(value)
         finally:
             consumer.unassign()
-        for p, after in nexts.items():
-            first = self._read.get(p, (starts[p], 0))[0]
-            self._read[p] = (min(first, starts[p]), after)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -60,6 +60,8 @@ class KafkaActionStateStore(ActionStateStore):
         self._dir = data_dir
         self._bootstrap = bootstrap
         self._index_slots = index_slots
+        # Called with the partitions an assign() takes, before their caches catch up.
+        self.on_assign: list[Callable[[list[int]], None]] = []
         self._caches: dict[int, PartitionCache] = {}
         # Partitions being assigned: the acks that arrive meanwhile, applied once the
         # rebuild is done (see assign).
@@ -85,6 +87,8 @@ class KafkaActionStateStore(ActionStateStore):
                 self._assigning[p] = []
         if not wanted:
             return 0
+        for hook in self.on_assign:
+            hook(wanted)
         caches: dict[int, PartitionCache] = {}
         try:
             for p in wanted:

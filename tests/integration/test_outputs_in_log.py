@@ -57,9 +57,7 @@ def test_outputs_found_in_the_output_topic_are_not_sent_again(
     for key, (emitted, landed, ago) in SCENARIOS.items():
         ref = ActionRef(key, offsets[key], ACTION, 0, source)
         outputs = tuple(output(key, j) for j in range(emitted))
-        done = ActionDone(
-            ref, outputs=outputs, finished_ms=now_ms - ago * 1000, emitted=False
-        )
+        done = ActionDone(ref, outputs=outputs, finished_ms=now_ms - ago * 1000, emitted=False)
         producer.produce(
             f"{app_id}-action-state", codec.encode(done), entry_key_bytes(done), partition=0
         )
@@ -85,3 +83,40 @@ def test_outputs_found_in_the_output_topic_are_not_sent_again(
     identity = f"{app_id}/{source}/0/{offsets['fresh']}/{ACTION}/0".encode()
     assert fresh[0].headers.get("x-agents-stream-output") == identity
     assert worker.terminate() == 0, worker.log()
+
+
+def test_output_log_reads_again_only_when_it_may_have_missed_something(broker, topic_factory):
+    """OutputLog against the broker: a question reads the output topic once; later ones
+    read nothing until partitions are assigned (mark_stale), another input partition is
+    asked about, or the question reaches further back in time."""
+    from agents_stream.runtime.output_log import OutputLog
+
+    out = topic_factory("out")
+    create_topics(broker.bootstrap, [out], partitions=2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 3})
+
+    def sent(ref: ActionRef, j: int) -> None:
+        identity = f"app/{ref.topic}/{ref.partition}/{ref.seq}/{ref.action}/{j}"
+        producer.produce(
+            out, b"{}", ref.key.encode(), headers=[("x-agents-stream-output", identity)]
+        )
+        assert producer.flush(10) == 0
+
+    a, b = ActionRef("k", 5, ACTION, 0, "in"), ActionRef("k2", 9, ACTION, 1, "in")
+    now = int(time.time() * 1000)
+    found = OutputLog(broker.bootstrap, out, "app", window_s=600)
+    try:
+        sent(a, 0)
+        assert found.landed(a, [0, 1], now) == [0]
+        sent(a, 1)
+        assert found.landed(a, [0, 1], now) == [0]  # nothing assigned since: not read
+        found.mark_stale()
+        assert found.landed(a, [0, 1], now) == [0, 1]
+        sent(b, 0)
+        assert found.landed(b, [0], now) == [0]  # another input partition: read again
+        assert found.landed(a, [0, 1], now - 700_000) == []  # out of the window
+        other = OutputLog(broker.bootstrap, out, "other-app", window_s=600)
+        assert other.landed(a, [0, 1], now) == []  # another app's identities differ
+        other.close()
+    finally:
+        found.close()
