@@ -112,7 +112,7 @@ CASES: list[tuple[str, int, JournalEntry]] = [
     ("truncation-topic", 5, Truncation(TOPIC_REF, 0, "s.b", "x", "s.a", "y", 1, 1_700_000_001_000)),
     ("input-progress", 5, InputProgress("user-events", 3, 1234, 1_700_000_002_000, "worker-7")),
     (
-        "action-done-partly-emitted",
+        "action-done-partly-emitted-topic",
         6,
         ActionDone(
             TOPIC_REF,

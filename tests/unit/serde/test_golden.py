@@ -139,7 +139,7 @@ def test_v5_topic_identity_and_progress_marker():
 
 
 def test_v6_outputs_partly_emitted():
-    done = decode("v6-action-done-partly-emitted.bin")
+    done = decode("v6-action-done-partly-emitted-topic.bin")
     assert (done.emitted, done.emitted_outputs) == (False, (0, 2))
     assert done.outputs == (b'{"n":0}', b'{"n":1}', b'{"n":2}')
     # written before v6: no output known durable on its own
