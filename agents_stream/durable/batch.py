@@ -379,10 +379,10 @@ def _send_outputs(
     send_batch = getattr(sink, "send_batch", None)
     if send_batch is not None:
         stored = runner.sends_stored
-        if runner.sends_refs:
+        if runner.sends_dones:
             sent = send_batch(
                 [
-                    (done.ref.key, values, done.outputs if stored else None, done.ref)
+                    (done.ref.key, values, done.outputs if stored else None, done)
                     for done, values in sends
                 ]
             )

@@ -76,12 +76,12 @@ class OutputSink(Protocol):
     A sink with ``takes_stored = True`` is also given ``stored``, the values as their
     ActionDone journals them with the JSON payload codec (see ``values.plain_json``),
     as the fourth argument of ``send``; else ``send_batch`` gets None for it. A sink with
-    ``takes_ref = True`` is also given the action run and the indexes of the outputs
-    sent among its outputs (keywords ``ref`` and ``indexes`` of ``send``; a fourth item,
-    the ref, of each ``send_batch`` tuple), to stamp each output with its identity; such
-    a sink may offer ``landed(ref, indexes, since_ms)`` (blocking), the indexes whose
-    output is in the log already, which recovery asks before it sends the outputs of an
-    ActionDone not marked emitted."""
+    ``takes_done = True`` is also given the ActionDone and the indexes of the outputs
+    sent among its outputs (keywords ``done`` and ``indexes`` of ``send``; a fourth
+    item, the ActionDone, of each ``send_batch`` tuple), to stamp each output with its
+    identity; such a sink may offer ``landed(done, indexes)`` (blocking), the indexes
+    whose output is in the log already, which recovery asks before it sends the outputs
+    of an ActionDone not marked emitted."""
 
     def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
         """Send ``values`` downstream; the future resolves when they are durable."""
@@ -159,8 +159,8 @@ class ActionRunner:
         self.sends_stored = type(config.codec) is JsonCodec and getattr(
             self.sink, "takes_stored", False
         )
-        # Whether the sink takes the action run and output indexes (identity headers).
-        self.sends_refs = bool(getattr(self.sink, "takes_ref", False))
+        # Whether the sink takes the ActionDone and output indexes (identity headers).
+        self.sends_dones = bool(getattr(self.sink, "takes_done", False))
         self.on_timers = on_timers
         self._actions = agent.actions()
         # The batch path (durable/batch.py) runs the first action of many records
@@ -409,13 +409,13 @@ class ActionRunner:
             unsent = _unsent(done)
             values = [values[i] for i in unsent]
             stored = [stored[i] for i in unsent]
-        if self.sends_refs:
+        if self.sends_dones:
             return self.sink.send(  # type: ignore[call-arg]
                 done.ref.key,
                 values,
                 done.ref.partition,
                 stored if self.sends_stored else None,
-                ref=done.ref,
+                done=done,
                 indexes=unsent,
             )
         if self.sends_stored:
@@ -497,7 +497,7 @@ class ActionRunner:
             return done
         unsent = _unsent(done)
         try:
-            found = await asyncio.to_thread(landed, done.ref, unsent, done.finished_ms)
+            found = await asyncio.to_thread(landed, done, unsent)
         except Exception as exc:  # cannot tell: send them (at least once, as before)
             log.warning(
                 "outputs of key=%r seq=%s action=%s not looked up in the output topic, "

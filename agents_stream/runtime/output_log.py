@@ -4,8 +4,9 @@ An action's outputs are sent once its ActionDone is acked; once they are acked, 
 (the ActionDone with ``emitted=True``) is written without waiting for it. A worker that
 dies between the two leaves an ActionDone that is not marked, and the next owner would
 send its outputs again. So every output carries its identity in the header
-``x-agents-stream-output`` (app id, input topic, partition, offset, action and the
-output's index), and a worker recovering such an ActionDone reads the output topic from
+``x-agents-stream-output`` (app id, input topic, partition, offset, action, when the
+action finished, and the output's index: a record that reuses an offset of a recreated
+topic cannot match), and a worker recovering such an ActionDone reads the output topic from
 shortly before the action finished to its end: the outputs it finds are not sent again.
 
 The read is bounded by time (``offsets_for_times``): an ActionDone that finished longer
@@ -25,7 +26,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from ..durable.journal import ActionRef
+from ..durable.journal import ActionDone
 from ..errors import KafkaIOError
 from ..kafka.config import reader_config
 
@@ -41,9 +42,10 @@ CLOCK_SKEW_MS = 60_000
 KEEP_S = 30.0
 
 
-def output_prefix(origin: str, ref: ActionRef) -> str:
-    """The header value of ``ref``'s outputs, up to the output's index."""
-    return f"{origin}/{ref.topic}/{ref.partition}/{ref.seq}/{ref.action}/"
+def output_prefix(origin: str, done: ActionDone) -> str:
+    """The header value of ``done``'s outputs, up to the output's index."""
+    ref = done.ref
+    return f"{origin}/{ref.topic}/{ref.partition}/{ref.seq}/{ref.action}/{done.finished_ms}/"
 
 
 class OutputLog:
@@ -87,14 +89,14 @@ class OutputLog:
         """Outputs may have been appended that matter (partitions were assigned)."""
         self._stale = True
 
-    def landed(self, ref: ActionRef, indexes: Sequence[int], since_ms: int) -> list[int]:
-        """Those of ``indexes`` (output indexes of the action run ``ref``, finished at
-        ``since_ms``) whose output is in the topic; [] when ``since_ms`` is out of the
-        window."""
+    def landed(self, done: ActionDone, indexes: Sequence[int]) -> list[int]:
+        """Those of ``indexes`` (indexes of ``done``'s outputs) whose output is in the
+        topic; [] when ``done`` finished longer ago than the window."""
+        since_ms = done.finished_ms
         if not indexes or self.window_ms <= 0 or time.time() * 1000 - since_ms > self.window_ms:
             return []
-        part = f"{self.origin}/{ref.topic}/{ref.partition}/".encode()
-        prefix = output_prefix(self.origin, ref).encode()
+        part = f"{self.origin}/{done.ref.topic}/{done.ref.partition}/".encode()
+        prefix = output_prefix(self.origin, done).encode()
         from_ms = since_ms - CLOCK_SKEW_MS
         with self._lock:
             if time.monotonic() - self._used > KEEP_S:

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..durable.ackfuture import AckFuture
-from ..durable.journal import ActionRef
+from ..durable.journal import ActionDone
 from ..durable.runner import each_sent
 from ..durable.values import plain_json
 from ..errors import KafkaIOError, PartialSendError, RecordRefusedError
@@ -29,7 +29,7 @@ class KafkaOutputSink:
     # producing is thread-safe and the codecs keep no per-call state.
     threadsafe = True
     takes_stored = True  # see OutputSink
-    takes_ref = True
+    takes_done = True
 
     def __init__(
         self,
@@ -56,16 +56,16 @@ class KafkaOutputSink:
         partition: int,
         stored: Sequence[bytes] | None = None,
         *,
-        ref: ActionRef | None = None,
+        done: ActionDone | None = None,
         indexes: Sequence[int] | None = None,
     ) -> Future[None]:
         """``stored``: the same values as their ActionDone journals them with the JSON
-        payload codec, if the caller has them; ``ref`` and ``indexes``: the action run
-        and the indexes of these outputs among its outputs (default: 0, 1, ...), for
+        payload codec, if the caller has them; ``done`` and ``indexes``: the ActionDone
+        whose outputs these are and their indexes among them (default: 0, 1, ...), for
         their identity headers. A failure that names the lost records is a
         :class:`PartialSendError` at position 0 (``landed``: the outputs in the log)."""
         # The output keeps the input key; its partition follows from the key.
-        record = self._record(key, values, stored, ref, indexes)
+        record = self._record(key, values, stored, done, indexes)
         return _blamed(self._send(record), [record])
 
     def send_batch(
@@ -73,7 +73,7 @@ class KafkaOutputSink:
         outputs: Sequence[tuple[Any, ...]],
     ) -> Future[None]:
         """Outputs of many input records (a batch's finished actions; key, values,
-        ``stored`` and, optionally, ``ref`` as for :meth:`send`), one future for all. A failure names
+        ``stored`` and, optionally, ``done`` as for :meth:`send`), one future for all. A failure names
         the records at fault (:class:`PartialSendError`): every output of the others is
         durable, so they are finished rather than failed with them (a replay would send
         them again)."""
@@ -93,25 +93,25 @@ class KafkaOutputSink:
             return self._one_by_one(records)
         return _blamed(sent, records)
 
-    def landed(self, ref: ActionRef, indexes: Sequence[int], since_ms: int) -> list[int]:
-        """Those of ``indexes`` whose output of action run ``ref`` is in the topic
-        already (blocking; [] without an output log)."""
+    def landed(self, done: ActionDone, indexes: Sequence[int]) -> list[int]:
+        """Those of ``indexes`` whose output of ``done`` is in the topic already
+        (blocking; [] without an output log)."""
         if self.output_log is None:
             return []
-        return self.output_log.landed(ref, indexes, since_ms)
+        return self.output_log.landed(done, indexes)
 
     def _record(
         self,
         key: str,
         values: Sequence[Any],
         stored: Sequence[bytes] | None,
-        ref: ActionRef | None,
+        done: ActionDone | None,
         indexes: Sequence[int] | None,
     ) -> _Record:
         payloads = self._payloads(values, stored)
-        if ref is None or not self._origin:
+        if done is None or not self._origin:
             return key.encode(), payloads, None
-        prefix = output_prefix(self._origin, ref)
+        prefix = output_prefix(self._origin, done)
         numbers = range(len(payloads)) if indexes is None else indexes
         headers = [[(OUTPUT_HEADER, f"{prefix}{j}".encode())] for j in numbers]
         return key.encode(), payloads, headers

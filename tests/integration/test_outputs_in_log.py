@@ -16,6 +16,7 @@ worker on today's code and counts the outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -62,7 +63,7 @@ def test_outputs_found_in_the_output_topic_are_not_sent_again(
             f"{app_id}-action-state", codec.encode(done), entry_key_bytes(done), partition=0
         )
         for j in range(landed):  # what the dead worker got into the output topic
-            identity = f"{app_id}/{source}/0/{offsets[key]}/{ACTION}/{j}"
+            identity = f"{app_id}/{source}/0/{offsets[key]}/{ACTION}/{done.finished_ms}/{j}"
             producer.produce(
                 out, outputs[j], key.encode(), headers=[("x-agents-stream-output", identity)]
             )
@@ -78,10 +79,12 @@ def test_outputs_found_in_the_output_topic_are_not_sent_again(
     records = read_topic(broker.bootstrap, out)
     seen = Counter((r.json()["k"], r.json()["j"]) for r in records)
     assert seen == expected, worker.log()
-    # Every output the worker sent names its action run and index.
-    fresh = [r for r in records if r.json()["k"] == "fresh"]
-    identity = f"{app_id}/{source}/0/{offsets['fresh']}/{ACTION}/0".encode()
-    assert fresh[0].headers.get("x-agents-stream-output") == identity
+    # Every output the worker sent names its action run, when it finished, and its index.
+    [fresh] = [r for r in records if r.json()["k"] == "fresh"]
+    head, _, tail = fresh.headers["x-agents-stream-output"].decode().rpartition("/")
+    run, _, finished = head.rpartition("/")
+    assert (run, tail) == (f"{app_id}/{source}/0/{offsets['fresh']}/{ACTION}", "0")
+    assert abs(int(finished) - time.time() * 1000) < 120_000
     assert worker.terminate() == 0, worker.log()
 
 
@@ -95,28 +98,33 @@ def test_output_log_reads_again_only_when_it_may_have_missed_something(broker, t
     create_topics(broker.bootstrap, [out], partitions=2)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 3})
 
-    def sent(ref: ActionRef, j: int) -> None:
-        identity = f"app/{ref.topic}/{ref.partition}/{ref.seq}/{ref.action}/{j}"
+    def sent(done: ActionDone, j: int) -> None:
+        ref = done.ref
+        identity = f"app/{ref.topic}/{ref.partition}/{ref.seq}/{ref.action}/{done.finished_ms}/{j}"
         producer.produce(
             out, b"{}", ref.key.encode(), headers=[("x-agents-stream-output", identity)]
         )
         assert producer.flush(10) == 0
 
-    a, b = ActionRef("k", 5, ACTION, 0, "in"), ActionRef("k2", 9, ACTION, 1, "in")
     now = int(time.time() * 1000)
+    a = ActionDone(ActionRef("k", 5, ACTION, 0, "in"), finished_ms=now)
+    b = ActionDone(ActionRef("k2", 9, ACTION, 1, "in"), finished_ms=now)
     found = OutputLog(broker.bootstrap, out, "app", window_s=600)
     try:
         sent(a, 0)
-        assert found.landed(a, [0, 1], now) == [0]
+        assert found.landed(a, [0, 1]) == [0]
         sent(a, 1)
-        assert found.landed(a, [0, 1], now) == [0]  # nothing assigned since: not read
+        assert found.landed(a, [0, 1]) == [0]  # nothing assigned since: not read
         found.mark_stale()
-        assert found.landed(a, [0, 1], now) == [0, 1]
+        assert found.landed(a, [0, 1]) == [0, 1]
         sent(b, 0)
-        assert found.landed(b, [0], now) == [0]  # another input partition: read again
-        assert found.landed(a, [0, 1], now - 700_000) == []  # out of the window
+        assert found.landed(b, [0]) == [0]  # another input partition: read again
+        # the same input record run again later (a recreated topic reusing the offset)
+        assert found.landed(dataclasses.replace(a, finished_ms=now + 1), [0, 1]) == []
+        old = dataclasses.replace(a, finished_ms=now - 700_000)
+        assert found.landed(old, [0, 1]) == []  # out of the window
         other = OutputLog(broker.bootstrap, out, "other-app", window_s=600)
-        assert other.landed(a, [0, 1], now) == []  # another app's identities differ
+        assert other.landed(a, [0, 1]) == []  # another app's identities differ
         other.close()
     finally:
         found.close()
