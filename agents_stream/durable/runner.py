@@ -115,6 +115,10 @@ class RecordOutcome:
     calls_replayed: int = 0
     outputs: list[Any] = field(default_factory=list)
     timer_fired: bool = False  # run_timer only: False when the timer was not live
+    # Recovered actions not marked emitted: outputs found in the output topic (not sent
+    # again) and outputs sent (not found, or not looked up).
+    outputs_found: int = 0
+    outputs_resent: int = 0
 
 
 TimersHook = Callable[[list[TimerEntry]], None]
@@ -280,7 +284,11 @@ class ActionRunner:
                     outcome.actions_skipped += 1
                     await self._apply_effects_once(done)
                     if not done.emitted and done.outputs:
+                        unsent = len(_unsent(done))
                         done = await self._found_in_log(done)
+                        left = 0 if done.emitted else len(_unsent(done))
+                        outcome.outputs_found += unsent - left
+                        outcome.outputs_resent += left
                     await self._emit_once(done, outcome, None)
                 queue.extend(self._rebuild_events(done))
 

@@ -188,6 +188,8 @@ class FaustRecordHandler:
             "calls_executed": 0,
             "calls_replayed": 0,
             "actions_skipped": 0,
+            "outputs_found": 0,
+            "outputs_resent": 0,
             "dlq": 0,
             "abandoned": 0,
         }
@@ -241,6 +243,8 @@ class FaustRecordHandler:
         self.stats["calls_executed"] += outcome.calls_executed
         self.stats["calls_replayed"] += outcome.calls_replayed
         self.stats["actions_skipped"] += outcome.actions_skipped
+        self.stats["outputs_found"] += outcome.outputs_found
+        self.stats["outputs_resent"] += outcome.outputs_resent
 
     async def _failed(self, event: FaustEvent, record: RecordInput, exc: Exception) -> bool:
         msg = event.message

@@ -297,6 +297,9 @@ class AgentHost:
         self._stats["calls_executed"] += outcome.calls_executed
         self._stats["calls_replayed"] += outcome.calls_replayed
         self._stats["actions_skipped"] += outcome.actions_skipped
+        if outcome.outputs_found or outcome.outputs_resent:
+            self._stats["outputs_found"] += outcome.outputs_found
+            self._stats["outputs_resent"] += outcome.outputs_resent
 
     async def _dead_letter(self, msg: Message, stage: str, exc: BaseException) -> None:
         self._stats["dlq"] += 1

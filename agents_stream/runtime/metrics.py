@@ -47,6 +47,17 @@ WORKER_COUNTERS = (
     ("calls_executed", "calls_executed", "code blocks executed"),
     ("calls_replayed", "calls_replayed", "code blocks replayed from the journal"),
     ("actions_skipped", "actions_skipped", "completed actions skipped on re-consumption"),
+    (
+        "outputs_found",
+        "outputs_found",
+        "outputs of recovered actions not marked emitted that were found in the output "
+        "topic (not sent again)",
+    ),
+    (
+        "outputs_resent",
+        "outputs_resent",
+        "outputs of recovered actions not marked emitted that were sent (not found)",
+    ),
     ("dlq", "dead_letters", "records sent to <input>-dlq"),
     ("timers_fired", "timers_fired", "timers fired"),
     ("timer_errors", "timer_errors", "timer firings whose action raised (dropped)"),

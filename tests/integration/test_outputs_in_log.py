@@ -86,6 +86,8 @@ def test_outputs_found_in_the_output_topic_are_not_sent_again(
     assert (run, tail) == (f"{app_id}/{source}/0/{offsets['fresh']}/{ACTION}", "0")
     assert abs(int(finished) - time.time() * 1000) < 120_000
     assert worker.terminate() == 0, worker.log()
+    # all 2 + part 1 found; part 1 + none 1 + old 1 sent (the stop line's counters)
+    assert "outputs_found=3" in worker.log() and "outputs_resent=3" in worker.log()
 
 
 def test_output_log_reads_again_only_when_it_may_have_missed_something(broker, topic_factory):
