@@ -53,7 +53,11 @@ def register(subparsers: Any) -> None:
         "--to", dest="ending", default="latest", help="end offsets (exclusive): latest or JSON"
     )
     backfill.add_argument("--output-path", default=None, help="write outputs as Parquet")
-    backfill.add_argument("--output-topic", default=None, help="produce outputs to this topic")
+    backfill.add_argument(
+        "--output-topic", default=None,
+        help="produce outputs to this topic (the agent's own: only those not in it yet, "
+        "marked emitted with --write-journal)",
+    )  # fmt: skip
     backfill.add_argument(
         "--app-id", default=None, help="journal under another app id (separate ActionState)"
     )

@@ -27,12 +27,11 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ..durable.journal import ActionDone
+from ..durable.output_identity import OUTPUT_HEADER, output_prefix
 from ..errors import KafkaIOError
 from ..kafka.config import reader_config
 
 log = logging.getLogger(__name__)
-
-OUTPUT_HEADER = "x-agents-stream-output"
 
 # Output timestamps come from the producer's clock just after the action finished, or
 # from the broker's with LogAppendTime: start the read this much earlier.
@@ -40,12 +39,6 @@ CLOCK_SKEW_MS = 60_000
 # What was read is kept while recoveries ask again soon after (one read serves the many
 # ActionDones of a partition taken over together), then dropped.
 KEEP_S = 30.0
-
-
-def output_prefix(origin: str, done: ActionDone) -> str:
-    """The header value of ``done``'s outputs, up to the output's index."""
-    ref = done.ref
-    return f"{origin}/{ref.topic}/{ref.partition}/{ref.seq}/{ref.action}/{done.finished_ms}/"
 
 
 class OutputLog:

@@ -9,12 +9,13 @@ from typing import Any
 
 from ..durable.ackfuture import AckFuture
 from ..durable.journal import ActionDone
+from ..durable.output_identity import OUTPUT_HEADER, output_prefix
 from ..durable.runner import each_sent
 from ..durable.values import plain_json
 from ..errors import KafkaIOError, PartialSendError, RecordRefusedError
 from ..kafka.producer import AckingProducer
 from ..serde.values import JsonValueCodec
-from .output_log import OUTPUT_HEADER, OutputLog, output_prefix
+from .output_log import OutputLog
 
 # One input record's outputs as sent: key, encoded values, each value's headers.
 _Record = tuple[bytes, list[bytes], list[list[tuple[str, bytes]]] | None]

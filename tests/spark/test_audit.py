@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from agents_stream import App
 from agents_stream.durable.journal import ActionDone, ActionRef
+from agents_stream.durable.output_identity import OUTPUT_HEADER
 from agents_stream.spark.frames import ActionStateWriter
 from agents_stream.spark.jobs import audit
 from agents_stream.spark.jobs.audit import run_audit
@@ -129,6 +130,39 @@ def test_audit_matches_inputs_by_topic_with_pre_v5_entries_on_the_first(
         for r in result.tables["duplicate_outputs"].collect()
     ]
     assert dups == [(out_a, 2, 1)]
+
+
+def test_audit_counts_duplicate_outputs_by_their_identity(spark, broker, topic_factory):
+    """Outputs carrying their identity header are duplicates only when an identity
+    repeats, also with no journal left to compare against (pruned): the same content
+    sent by two actions is not flagged. Outputs without one are counted by content."""
+    app_id, inp, out = topic_factory("app"), topic_factory("in"), topic_factory("out")
+    app = App(app_id, partitions=1)
+    app.agent(Pipeline, input=inp, output=out)
+    create_topics(broker.bootstrap, [inp, out, app.action_state_topic], 1)
+    ident = f"{app_id}/{inp}/0/{{}}/{PROCESS}/1700000000000/0"
+    sent = [
+        (b"k", b'{"n": 1}', ident.format(1)),
+        (b"k", b'{"n": 1}', ident.format(1)),  # the same output twice: one duplicate
+        (b"k", b'{"n": 2}', ident.format(2)),
+        (b"k", b'{"n": 2}', ident.format(3)),  # two actions, same content: none
+        (b"k", b'{"n": 3}', None),
+        (b"k", b'{"n": 3}', None),  # no identity, no journal: one duplicate
+    ]
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for key, value, header in sent:
+        headers = [(OUTPUT_HEADER, header.encode())] if header else None
+        producer.produce(out, key=key, value=value, headers=headers)
+    assert producer.flush(30) == 0
+
+    result = run_audit(spark, app, broker.bootstrap, None, inputs=False)
+
+    dups = sorted(
+        (json.loads(r["value"])["n"], r["records"], r["identified"], r["duplicates"])
+        for r in result.tables["duplicate_outputs"].collect()
+    )
+    assert dups == [(1, 2, 2, 1), (3, 2, 0, 1)]
+    assert result.summary["duplicate_output_records"] == 2
 
 
 def _rows(frame, drop=()):

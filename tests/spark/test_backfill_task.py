@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agents_stream import Agent, App, InputEvent, RunnerContext, action
+from agents_stream import Agent, App, InputEvent, OutputEvent, RunnerContext, action
 from agents_stream.durable import ActionRef, CallStatus
 from agents_stream.durable.errors import NonDeterminismError
 from agents_stream.durable.journal import CallEntry, InputProgress
@@ -81,3 +81,51 @@ def test_keyless_inputs_have_no_memory_as_in_the_worker():
     rows = sorted(run_partition(bf, 0, [keyed, keyless], []), key=lambda r: r["input_offset"])
     assert rows[0]["error"] is None
     assert "KeylessRecordError" in rows[1]["error"]
+
+
+class Echo(Agent):
+    @action(InputEvent)
+    @staticmethod
+    def process(event: InputEvent, ctx: RunnerContext) -> None:
+        ctx.send_event(OutputEvent(output={"n": event.input["n"]}))
+        ctx.send_event(OutputEvent(output={"twice": event.input["n"] * 2}))
+
+
+def _echo_task(emits: bool) -> BackfillTask:
+    app = App("bf-echo", output_scan_window=0)
+    app.agent(Echo, input="bf-in", output="bf-out")
+    return BackfillTask(app, 0, app.id, app.action_state_topic, "unused:9092", emits=emits)
+
+
+def _marks(row) -> list:
+    codec = default_journal_codec()
+    return [codec.decode(k, v) for k, v in zip(row["mark_keys"], row["mark_values"], strict=True)]
+
+
+def test_outputs_for_the_agents_topic_carry_identities_and_markers():
+    rows = sorted(
+        run_partition(_echo_task(True), 0, records(3), []), key=lambda r: r["input_offset"]
+    )
+    for row in rows:
+        offset = row["input_offset"]
+        assert row["sends"] == row["outputs"] and len(row["outputs"]) == 2
+        prefix = f"bf-echo/bf-in/0/{offset}/Echo.process#0/"
+        assert [i[: len(prefix)] for i in row["send_ids"]] == [prefix, prefix]
+        assert [i.rsplit("/", 1)[1] for i in row["send_ids"]] == ["0", "1"]
+        (mark,) = _marks(row)
+        assert mark.emitted and mark.ref.seq == offset
+
+
+def test_outputs_kept_from_the_agents_topic_leave_the_action_unmarked():
+    for row in run_partition(_echo_task(False), 0, records(2), []):
+        assert len(row["outputs"]) == 2
+        assert row["sends"] == row["send_ids"] == row["mark_keys"] == []
+
+
+def test_outputs_marked_in_the_snapshot_are_not_sent_again():
+    first = _echo_task(True)
+    rows = run_partition(first, 0, records(1), [])
+    (mark,) = _marks(rows[0])
+    (again,) = run_partition(first, 0, records(1), snapshot(mark))
+    assert again["actions_skipped"] == 1 and len(again["outputs"]) == 2
+    assert again["sends"] == [] and again["mark_keys"] == []

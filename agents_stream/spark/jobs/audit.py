@@ -26,9 +26,13 @@ app's group is only *asked* for its committed offsets). Steps, each a named Spar
    app's group already committed past the record on its topic: with
    ``App(prune_completed=True)`` the states of committed records are tombstoned, so only
    uncommitted missing inputs are anomalies there.
-4. ``duplicate_outputs``: output records grouped by key and content, counted against
-   the outputs the journal's ActionDone records hold for that key and content (at least
-   one); any surplus is a duplicate emission (the worker's at-least-once window).
+4. ``duplicate_outputs``: output records grouped by key and content. Where every record
+   of a group carries its identity (the ``x-agents-stream-output`` header every host
+   writes), the surplus over its distinct identities is exact, also once the journal
+   was pruned, and two actions that legitimately sent the same content are not
+   flagged. Otherwise a group is counted against the outputs the journal's ActionDone
+   records hold for that key and content (at least one, at least its identities): any
+   surplus is a duplicate emission.
 5. Write every table as Parquet under ``out_dir/<table>/``, ``summary.json``, and the
    reports ``report.md`` (+ ``calls_by_status.svg``) and ``report.html``.
 """
@@ -48,6 +52,7 @@ import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from ...app import App
+from ...durable.output_identity import OUTPUT_HEADER
 from ..frames.action_state import (
     action_states,
     read_audit_view,
@@ -268,7 +273,8 @@ def duplicate_outputs(
 
     Args:
         journal: decoded journal rows.
-        outputs: ``agent, topic, key, value`` (value as text) of the output records.
+        outputs: ``agent, topic, key, value`` (value as text) of the output records, and
+            optionally ``output_id``, the output's identity header (null: none).
         routes: ``agent, input, topic``: the output topic of each agent binding, so that
             an agent bound to two inputs has each output topic checked against the
             completions of its own input; ``None`` counts them per agent only.
@@ -284,13 +290,23 @@ def duplicate_outputs(
     if routes is not None:
         done, on = done.join(routes, ["agent", "input"]), ["agent", "topic", "key", "value"]
     expected = done.groupBy(*on).agg(F.count("*").alias("expected"))
-    seen = outputs.groupBy("agent", "topic", "key", "value").agg(F.count("*").alias("records"))
+    if "output_id" not in outputs.columns:
+        outputs = outputs.withColumn("output_id", F.lit(None).cast("string"))
+    seen = outputs.groupBy("agent", "topic", "key", "value").agg(
+        F.count("*").alias("records"),
+        F.count("output_id").alias("identified"),
+        F.countDistinct("output_id").alias("identities"),
+    )
+    # Identities are exact; records without one are only told apart by the journal.
+    allowed = F.when(F.col("identified") == F.col("records"), F.col("identities")).otherwise(
+        F.greatest("expected", "identities", F.lit(1))
+    )
     return (
         seen.join(expected, on, "left")
         .withColumn("expected", F.coalesce("expected", F.lit(0)))
-        .withColumn("duplicates", F.col("records") - F.greatest("expected", F.lit(1)))
+        .withColumn("duplicates", F.col("records") - allowed)
         .where(F.col("duplicates") > 0)
-        .select("agent", "topic", "key", "value", "records", "expected", "duplicates")
+        .select("agent", "topic", "key", "value", "records", "identified", "expected", "duplicates")
         .orderBy(F.desc("duplicates"), "key")
     )
 
@@ -492,17 +508,21 @@ def _duplicate_outputs(
     for binding in app.agents:
         if not binding.output or binding.output not in counts:
             continue
-        raw = read_kafka(spark, bootstrap, binding.output, includeHeaders="false")
+        raw = read_kafka(spark, bootstrap, binding.output, includeHeaders="true")
+        ident = F.filter("headers", lambda h: h["key"] == OUTPUT_HEADER)
         frames.append(
             raw.select(
                 F.lit(binding.name).alias("agent"),
                 "topic",
                 F.col("key").cast("string").alias("key"),
                 F.col("value").cast("string").alias("value"),
+                F.element_at(ident, 1)["value"].cast("string").alias("output_id"),
             )
         )
     if not frames:
-        return spark.createDataFrame([], "agent string, topic string, key string, value string")
+        return spark.createDataFrame(
+            [], "agent string, topic string, key string, value string, output_id string"
+        )
     outputs_df = frames[0]
     for frame in frames[1:]:
         outputs_df = outputs_df.unionByName(frame)
@@ -610,7 +630,15 @@ _COLUMNS = {
     ],
     "undecodable": ["partition", "offset", "key", "seq", "action", "index", "error"],
     "missing_inputs": ["agent", "topic", "partition", "offset", "key", "state", "committed"],
-    "duplicate_outputs": ["agent", "key", "value", "records", "expected", "duplicates"],
+    "duplicate_outputs": [
+        "agent",
+        "key",
+        "value",
+        "records",
+        "identified",
+        "expected",
+        "duplicates",
+    ],
 }
 
 

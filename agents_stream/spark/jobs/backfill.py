@@ -16,6 +16,15 @@ Steps:
    (``key, value, partition, input_offset, output_index``) and/or to an output topic
    (keyed like the worker's output, so the same partitioner places it).
 
+The agent's own output topic is not just another topic: the worker's journal says which
+outputs are in it (emitted markers) and the outputs carry their identity in a header. A
+backfill into it sends only the outputs not there yet, each with the header the worker
+would give it, and with ``write_journal`` marks their ActionDones emitted once they are
+acked. Otherwise the ActionDones it journals stay unmarked, and the worker that later
+consumes those inputs sends their outputs to the topic, once (guarantee 4 across
+hosts): a backfill whose outputs went to Parquet or another topic never keeps them
+from the agent's topic.
+
 Guarantees and limits: outputs are those the worker would produce for the same inputs
 and the same journal. Functions run on executors, so side effects happen there; with
 ``write_journal`` the new journal entries are appended to the ActionState topic after
@@ -34,10 +43,18 @@ from pyspark.sql import functions as F
 
 from ...app import App
 from ...errors import ConfigurationError
+from ...kafka.admin import TopicAdmin, compacted
 from ...kafka.config import producer_config
 from ..frames.action_state import compact
 from ..source.datasource import read_kafka
-from .backfill_task import RESULT_DDL, BackfillTask, InputRecord, produce_outputs, run_partition
+from .backfill_task import (
+    RESULT_DDL,
+    BackfillTask,
+    InputRecord,
+    emit_rows,
+    produce_outputs,
+    run_partition,
+)
 from .common import committed_offsets, log, partition_counts, step
 from .progress import planned_records
 
@@ -96,7 +113,8 @@ def run_backfill(
         starting, ending: the input range, as for :func:`~agents_stream.spark.read_kafka`.
         output_path: write outputs as Parquet there.
         output_topic: produce outputs to this topic (default partitioner on the key, as
-            the worker does).
+            the worker does). The agent's own output topic gets only the outputs not in
+            it yet, with identity headers, marked emitted with ``write_journal``.
         app_id: journal under another app id (a separate ActionState topic and call ids),
             e.g. to re-run history without touching production's journal.
         use_journal: start from the ActionState snapshot; ``False`` executes everything.
@@ -124,8 +142,25 @@ def run_backfill(
         counts = partition_counts(bootstrap, [binding.input])
         group = committed_offsets(bootstrap, app.id, binding.input, counts.get(binding.input, 0))
         committed = tuple(sorted(group.items()))
+    emits = output_topic is not None and output_topic == binding.output
+    if emits and not write_journal:
+        log.warning(
+            "backfill: outputs go to %s, the agent's own topic, without --write-journal: "
+            "a worker that consumes the same inputs runs their actions and sends them again",
+            output_topic,
+        )
+    if write_journal:
+        _ensure_state_topic(app, bootstrap, state_topic)
     task = BackfillTask(
-        app, index, app_id, state_topic, bootstrap, write_journal, rerun_completed, committed
+        app,
+        index,
+        app_id,
+        state_topic,
+        bootstrap,
+        write_journal,
+        rerun_completed,
+        committed,
+        emits=emits,
     )
     inputs = read_kafka(
         spark, bootstrap, binding.input, starting, ending, includeHeaders="false"
@@ -169,6 +204,7 @@ def run_backfill(
         totals = results.agg(
             F.count("*").alias("records"),
             F.sum(F.size("outputs")).alias("outputs"),
+            F.sum(F.size("sends")).alias("outputs_unsent"),
             F.sum("actions_run").alias("actions_run"),
             F.sum("actions_skipped").alias("actions_skipped"),
             F.sum("calls_executed").alias("calls_executed"),
@@ -188,13 +224,32 @@ def run_backfill(
         with step(spark, "backfill", f"write outputs to {output_path}", records=summary["outputs"]):
             outputs.write.mode("overwrite").parquet(str(output_path))
             result.written.append(str(output_path))
-    if output_topic is not None:
+    if output_topic is not None and emits:
+        with step(
+            spark,
+            "backfill",
+            f"send outputs not in {output_topic} yet",
+            records=summary["outputs_unsent"],
+        ):
+            _emit(results, bootstrap, output_topic, state_topic if write_journal else None)
+            result.written.append(output_topic)
+    elif output_topic is not None:
         with step(
             spark, "backfill", f"produce outputs to {output_topic}", records=summary["outputs"]
         ):
             _produce(outputs, bootstrap, output_topic)
             result.written.append(output_topic)
     return result
+
+
+def _ensure_state_topic(app: App, bootstrap: str, topic: str) -> None:
+    """Creates the ActionState topic as the worker would (compacted, as many partitions
+    as the app's largest input): written to first by a backfill, an auto-created topic
+    would not be compacted, and the worker would refuse it."""
+    admin = TopicAdmin(bootstrap)
+    counts = admin.partition_counts(app.input_topics)
+    partitions = max([counts.get(b.input, 0) for b in app.agents] + [1])
+    admin.ensure([compacted(topic, partitions, app.replication_factor, app.min_insync_replicas)])
 
 
 def _snapshot(spark: SparkSession, bootstrap: str, topic: str, use_journal: bool) -> DataFrame:
@@ -217,4 +272,18 @@ def _produce(outputs: DataFrame, bootstrap: str, topic: str) -> None:
     # One task per input partition, in input order: per-key output order is kept.
     outputs.repartition("partition").sortWithinPartitions(
         "partition", "input_offset", "output_index"
+    ).foreachPartition(send)
+
+
+def _emit(results: DataFrame, bootstrap: str, topic: str, state_topic: str | None) -> None:
+    conf = producer_config(bootstrap)
+
+    def send(rows: Any) -> None:
+        emit_rows(conf, topic, rows, bootstrap=bootstrap, state_topic=state_topic)
+
+    wanted = results.where(F.size("sends") + F.size("mark_keys") > 0).select(
+        "partition", "input_offset", "key", "sends", "send_ids", "mark_keys", "mark_values"
+    )
+    wanted.repartition("partition").sortWithinPartitions(
+        "partition", "input_offset"
     ).foreachPartition(send)

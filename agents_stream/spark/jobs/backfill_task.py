@@ -15,6 +15,15 @@ For one partition, in order:
    topic, same keys and partition as the worker would write, so that a later worker or
    backfill replays them instead of executing again.
 
+Outputs are not produced here. The ActionDones are journaled *not* marked emitted: a
+worker that later meets them sends their outputs, unless the job produced them to the
+agent's own output topic. For that case (``BackfillTask.emits``) each row also carries
+the outputs not yet in that topic with their identity headers (``sends``, ``send_ids``:
+what the worker's sink would send) and the emitted markers to journal once they are
+acked (``mark_keys``, ``mark_values``); the driver side (``emit_rows``) produces the
+former, then writes the latter. A job that dies in between leaves outputs whose headers
+a recovering worker finds (``runtime/output_log.py``), as after a worker crash.
+
 An action that raises is reported in the record's ``error`` (the worker would send the
 record to its DLQ) and the partition goes on.
 """
@@ -24,17 +33,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ...app import AgentBinding, App
+from ...durable.ackfuture import resolved
 from ...durable.errors import FATAL_ERRORS
-from ...durable.journal import JournalEntry
-from ...durable.keys import encode_identity
+from ...durable.journal import ActionDone, JournalEntry
+from ...durable.keys import encode_identity, entry_key_bytes
+from ...durable.output_identity import OUTPUT_HEADER, output_prefix
 from ...durable.runner import ActionRunner, RecordInput
 from ...errors import KafkaIOError
 from ...host.kit import DurableHost
+from ...runtime.output_log import OutputLog
 from ...serde.journal import default_journal_codec
 from ...serde.values import JsonValueCodec
 from ...state.memory import InMemoryActionStateStore
@@ -44,7 +56,8 @@ log = logging.getLogger("agents_stream.spark.backfill")
 RESULT_DDL = (
     "partition INT, input_offset BIGINT, key STRING, outputs ARRAY<BINARY>, "
     "actions_run INT, actions_skipped INT, calls_executed INT, calls_replayed INT, "
-    "error STRING, completed BOOLEAN"
+    "error STRING, completed BOOLEAN, sends ARRAY<BINARY>, send_ids ARRAY<STRING>, "
+    "mark_keys ARRAY<BINARY>, mark_values ARRAY<BINARY>"
 )
 """Spark schema of the per-record results of a backfill task."""
 
@@ -71,6 +84,9 @@ class BackfillTask:
         bootstrap: bootstrap servers (journal writes only).
         rerun_completed: run inputs the worker group finished too (explicit opt-in).
         committed: the worker group's committed offsets, used where no marker exists.
+        emits: outputs go to the agent's own output topic: rows carry what to send
+            there (the outputs not in it yet, with identity headers) and the emitted
+            markers to journal afterwards (written only with ``write_journal``).
     """
 
     app: App
@@ -81,6 +97,7 @@ class BackfillTask:
     write_journal: bool = False
     rerun_completed: bool = False
     committed: tuple[tuple[int, int], ...] = ()  # worker group's (partition, offset)
+    emits: bool = False
 
     @property
     def agent_binding(self) -> AgentBinding:
@@ -96,7 +113,7 @@ def run_partition(
     """Runs one partition's records (steps in the module docstring); one row per record."""
     codec = default_journal_codec(task.app.schema_registry_url, task.state_topic)
     entries: list[JournalEntry] = [codec.decode(k, v) for k, v in state]
-    store = InMemoryActionStateStore(entries)
+    store = _TaskStore(entries)
     binding = task.agent_binding
     # The task's binding alone, under the id its call ids and journal derive from.
     app = replace(task.app, id=task.app_id)
@@ -107,6 +124,13 @@ def run_partition(
         input_schema=binding.input_schema,
         output_schema=binding.output_schema,
     )
+    held = _HeldOutputs(task.app_id)
+    if task.emits and binding.output is not None and task.app.output_scan_window > 0:
+        # An ActionDone not marked emitted may have its outputs in the topic already (a
+        # worker died after they were acked): those are not sent again.
+        held.output_log = OutputLog(
+            task.bootstrap, binding.output, task.app_id, window_s=task.app.output_scan_window
+        )
     with ThreadPoolExecutor(4, thread_name_prefix="backfill") as pool:
         kit = DurableHost(
             app,
@@ -115,6 +139,7 @@ def run_partition(
             worker_id=f"spark-backfill-p{partition}",
             executor=pool,
             store=store,
+            sinks={binding.input: held},
             produce=False,  # outputs come back as rows; the driver writes them
         )
         # Pre-v5 entries belong to the whole app's first input, not this binding's.
@@ -125,7 +150,14 @@ def run_partition(
         below = 0 if task.rerun_completed else completed_through(task, store, partition)
         todo = [r for r in records if r.offset >= below]
         rows = [_completed_row(r) for r in records if r.offset < below]
-        rows += asyncio.run(_run_all(runner, todo, in_codec, out_codec))
+        try:
+            rows += asyncio.run(_run_all(runner, todo, in_codec, out_codec, held, store, codec))
+        finally:
+            if held.output_log is not None:
+                held.output_log.close()
+    if not task.emits:
+        for row in rows:  # nothing goes to the agent's topic: the worker will send them
+            row.update(sends=[], send_ids=[], mark_keys=[], mark_values=[])
     if task.write_journal and store.log:
         _write_journal(task, partition, store.log, codec)
     return rows
@@ -146,11 +178,62 @@ def _completed_row(rec: InputRecord) -> dict[str, Any]:
         "partition": rec.partition, "input_offset": rec.offset, "key": rec.key,
         "outputs": [], "actions_run": 0, "actions_skipped": 0,
         "calls_executed": 0, "calls_replayed": 0, "error": None, "completed": True,
+        "sends": [], "send_ids": [], "mark_keys": [], "mark_values": [],
     }  # fmt: skip
 
 
+class _TaskStore(InMemoryActionStateStore):
+    """The snapshot store of a task. Emitted markers are held, not journaled with the
+    task's entries: the outputs they vouch for are produced after the task, if at all."""
+
+    def __init__(self, entries: Sequence[JournalEntry]) -> None:
+        super().__init__(entries)
+        self.markers: list[ActionDone] = []
+
+    def note(self, entries: Sequence[Any], partition: int) -> None:
+        self.markers.extend(e for e in entries if isinstance(e, ActionDone))
+
+
+class _HeldOutputs:
+    """The task's output sink: produces nothing, keeps the outputs the worker's sink
+    would send (those of ActionDones not marked emitted) with their identity headers."""
+
+    threadsafe = True
+    takes_done = True
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+        self.output_log: OutputLog | None = None
+        self.held: list[tuple[Any, str]] = []
+
+    def send(
+        self,
+        key: str,
+        values: Sequence[Any],
+        partition: int,
+        stored: Sequence[bytes] | None = None,
+        *,
+        done: ActionDone | None = None,
+        indexes: Sequence[int] | None = None,
+    ) -> Future[None]:
+        assert done is not None
+        prefix = output_prefix(self.origin, done)
+        numbers = range(len(values)) if indexes is None else indexes
+        self.held.extend((v, f"{prefix}{j}") for v, j in zip(values, numbers, strict=True))
+        return resolved()
+
+    def landed(self, done: ActionDone, indexes: Sequence[int]) -> list[int]:
+        return [] if self.output_log is None else self.output_log.landed(done, indexes)
+
+
 async def _run_all(
-    runner: ActionRunner, records: Sequence[InputRecord], in_codec: Any, out_codec: Any
+    runner: ActionRunner,
+    records: Sequence[InputRecord],
+    in_codec: Any,
+    out_codec: Any,
+    held: _HeldOutputs,
+    store: _TaskStore,
+    codec: Any,
 ) -> list[dict[str, Any]]:
     rows = []
     for rec in sorted(records, key=lambda r: r.offset):
@@ -158,7 +241,10 @@ async def _run_all(
             "partition": rec.partition, "input_offset": rec.offset, "key": rec.key,
             "outputs": [], "actions_run": 0, "actions_skipped": 0,
             "calls_executed": 0, "calls_replayed": 0, "error": None, "completed": False,
+            "sends": [], "send_ids": [], "mark_keys": [], "mark_values": [],
         }  # fmt: skip
+        held.held.clear()
+        store.markers.clear()
         try:
             value = in_codec.decode(rec.value)
             outcome = await runner.run(
@@ -187,13 +273,24 @@ async def _run_all(
                 actions_skipped=outcome.actions_skipped,
                 calls_executed=outcome.calls_executed,
                 calls_replayed=outcome.calls_replayed,
+                sends=[out_codec.encode(v) for v, _ in held.held],
+                send_ids=[i for _, i in held.held],
+                mark_keys=[entry_key_bytes(m) for m in store.markers],
+                mark_values=[codec.encode(m) for m in store.markers],
             )
+        # A record that failed keeps its ActionDones unmarked: whoever runs it next
+        # (a worker, a dead-letter replay) sends their outputs.
         rows.append(row)
     return rows
 
 
-def produce_outputs(conf: dict[str, Any], topic: str, records: Iterable[tuple[str, bytes]]) -> int:
-    """Produces ``(key, value)`` outputs in order and waits for every ack.
+def produce_outputs(
+    conf: dict[str, Any],
+    topic: str,
+    records: Iterable[tuple[str, bytes] | tuple[str, bytes, str]],
+) -> int:
+    """Produces ``(key, value)`` outputs in order, each with its identity header when a
+    third item gives one, and waits for every ack.
 
     Raises:
         KafkaIOError: a record was not acknowledged.
@@ -208,16 +305,55 @@ def produce_outputs(conf: dict[str, Any], topic: str, records: Iterable[tuple[st
 
     producer = Producer(conf)
     n = 0
-    for key, value in records:
+    for key, value, *identity in records:
+        headers = [(OUTPUT_HEADER, identity[0].encode())] if identity else None
         while True:
             try:
-                producer.produce(topic, value=value, key=key.encode(), on_delivery=on_delivery)
+                producer.produce(
+                    topic, value=value, key=key.encode(), headers=headers, on_delivery=on_delivery
+                )
                 break
             except BufferError:
                 producer.poll(0.1)
         n += 1
     if producer.flush(60) != 0 or errors:
         raise KafkaIOError(f"{topic}: {len(errors)} outputs failed: {errors[:3]}")
+    return n
+
+
+def emit_rows(
+    conf: dict[str, Any],
+    topic: str,
+    rows: Iterable[Any],
+    *,
+    bootstrap: str,
+    state_topic: str | None,
+) -> int:
+    """Sends the ``sends`` of result rows (one input partition's, in offset order) to
+    the agent's own output topic with their identity headers and, once every one is
+    acked, journals the rows' emitted markers to ``state_topic`` (None: none written).
+    Returns how many outputs were sent."""
+    rows = list(rows)
+    n = produce_outputs(
+        conf,
+        topic,
+        (
+            (row["key"], value, ident)
+            for row in rows
+            for value, ident in zip(row["sends"], row["send_ids"], strict=True)
+        ),
+    )
+    marks = [
+        (row["partition"], k, v)
+        for row in rows
+        for k, v in zip(row["mark_keys"], row["mark_values"], strict=True)
+    ]
+    if state_topic is not None and marks:
+        from ..frames.state_writer import ActionStateWriter
+
+        # Not before: a marker says the outputs are in the topic.
+        with ActionStateWriter(bootstrap, state_topic) as writer:
+            writer.write_raw(marks)
     return n
 
 
