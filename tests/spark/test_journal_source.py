@@ -61,6 +61,15 @@ def test_journal_batch_rows_equal_decode_record(items, include_raw):
     assert batch.to_pylist() == _reference_rows(records, include_raw)
 
 
+def test_partly_emitted_completions_name_the_outputs_sent():
+    ref = ActionRef("k1", 7, "A.run#0", partition=0, topic="in")
+    partly = ActionDone(ref, outputs=(b"1", b"2", b"3"), emitted=False, emitted_outputs=(0, 2))
+    key, value = entry_key_bytes(partly), CODEC.encode(partly)
+    (row,) = journal_batch(CODEC, [key], [value], [0], [0], [0]).to_pylist()
+    assert (row["emitted"], row["emitted_outputs"]) == (False, [0, 2])
+    assert decode_record(CODEC, key, value)["emitted_outputs"] == [0, 2]
+
+
 def _entries() -> list:
     ref = ActionRef("k1", 7, "A.run#0", partition=0, topic="in")
     failed = ExceptionInfo("builtins.ValueError", "bad", "tb")

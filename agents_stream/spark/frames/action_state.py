@@ -235,7 +235,8 @@ def action_states(journal: DataFrame) -> DataFrame:
     exception_type, exception_message, call_id, started_ms, finished_ms, attempts,
     worker_id); ``pending_calls``, ``failed_calls``, ``succeeded_calls``; ``completed``
     (an ActionDone exists), ``outputs_count``, ``outputs_json``, ``emitted``,
-    ``finished_ms`` (of the ActionDone); ``truncations`` (array of structs) and
+    ``emitted_outputs`` (indexes of outputs known sent when not all are), ``finished_ms``
+    (of the ActionDone); ``truncations`` (array of structs) and
     ``truncated`` (any). Undecodable records are not grouped (see :func:`read_journal`).
     """
     rows = journal.where(F.col("kind").isin("call", "done", "truncation"))
@@ -254,6 +255,9 @@ def action_states(journal: DataFrame) -> DataFrame:
         F.max(F.when(is_done, F.col("outputs_count"))).alias("outputs_count"),
         F.first(F.when(is_done, F.col("outputs_json")), ignorenulls=True).alias("outputs_json"),
         F.max(F.when(is_done, F.col("emitted"))).alias("emitted"),
+        F.first(F.when(is_done, F.col("emitted_outputs")), ignorenulls=True).alias(
+            "emitted_outputs"
+        ),
         F.max(F.when(is_done, F.col("finished_ms"))).alias("finished_ms"),
         F.array_sort(
             F.collect_list(F.when(F.col("kind") == "truncation", F.struct(*TRUNCATION_FIELDS)))

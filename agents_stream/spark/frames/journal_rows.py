@@ -77,6 +77,9 @@ JOURNAL_TYPES: list[tuple[str, pa.DataType, str]] = [
     # "progress" row (InputProgress marker) the topic whose partition it covers, with
     # the marker's exclusive completed-through offset in ``seq``.
     ("topic", pa.string(), "STRING"),
+    # Of an ActionDone not marked emitted: the indexes of its outputs known to be in the
+    # output topic (a send of them partly failed; v6).
+    ("emitted_outputs", pa.list_(pa.int32()), "ARRAY<INT>"),
 ]
 
 JOURNAL_COLUMNS: list[str] = [name for name, _, _ in JOURNAL_TYPES]
@@ -148,6 +151,7 @@ def entry_row(entry: JournalEntry) -> dict[str, Any]:
             "outputs_count": len(entry.outputs),
             "outputs_json": [payload_json(o) for o in entry.outputs],
             "emitted": entry.emitted,
+            "emitted_outputs": list(entry.emitted_outputs),
             "calls": entry.calls,
             "events": len(entry.events),
             "memory_updates": len(entry.memory_updates),
@@ -354,6 +358,7 @@ def _call_values(e: CallEntry) -> tuple[Any, ...]:
         None,  # error
         None,  # raw_value
         ref.topic,
+        None,  # emitted_outputs
     )
 
 
@@ -394,6 +399,7 @@ def _done_values(e: ActionDone) -> tuple[Any, ...]:
         None,  # error
         None,  # raw_value
         ref.topic,
+        list(e.emitted_outputs),
     )
 
 
