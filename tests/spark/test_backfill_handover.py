@@ -6,7 +6,8 @@ topic exactly once, wherever the backfill sent its own copy.
   (nothing executes again) and sends their outputs. (Before, the backfill journaled
   them marked emitted, and the worker sent none: the outputs never reached the topic.)
 - Outputs to the agent's own topic: sent with the worker's identity headers, then marked
-  emitted; the worker replays every action and sends nothing.
+  emitted; the worker replays every action and sends nothing. A job that died between
+  the two leaves outputs the worker finds by their headers: it sends none either.
 """
 
 from __future__ import annotations
@@ -16,12 +17,21 @@ import time
 import pytest
 
 from agents_stream.durable.output_identity import OUTPUT_HEADER
+from agents_stream.kafka.admin import TopicAdmin, compacted
+from agents_stream.kafka.config import producer_config
 from agents_stream.spark.jobs.backfill import run_backfill
+from agents_stream.spark.jobs.backfill_task import (
+    BackfillTask,
+    InputRecord,
+    emit_rows,
+    run_partition,
+)
 from agents_stream.spark.jobs.common import committed_offsets
 from agents_stream.testing.topics import read_topic
 from tests.spark.workload import APP_SPEC, SparkAppEnv, normal_inputs, wait_until
 
-pytestmark = [pytest.mark.broker, pytest.mark.spark]
+pytestmark = [pytest.mark.broker]
+spark_job = pytest.mark.spark
 
 N = 9
 
@@ -37,6 +47,7 @@ def _drained(env: SparkAppEnv, worker) -> None:
     assert worker.terminate() == 0, worker.log()
 
 
+@spark_job
 def test_outputs_kept_out_of_the_topic_are_sent_by_the_worker(
     spark, broker, topic_factory, worker_factory, tmp_path
 ):
@@ -60,6 +71,7 @@ def test_outputs_kept_out_of_the_topic_are_sent_by_the_worker(
     assert env.effects() == {}, "the worker replayed the backfill's calls"
 
 
+@spark_job
 def test_outputs_sent_to_the_agents_topic_are_not_sent_again(
     spark, broker, topic_factory, worker_factory, tmp_path
 ):
@@ -84,4 +96,36 @@ def test_outputs_sent_to_the_agents_topic_are_not_sent_again(
     worker = worker_factory(APP_SPEC, env.env)
     _drained(env, worker)
     assert len(read_topic(broker.bootstrap, env.output)) == N, worker.log()
+    assert env.effects() == {}
+
+
+def test_outputs_of_a_backfill_that_died_before_its_markers_are_found(
+    broker, topic_factory, worker_factory, tmp_path
+):
+    """The job's executors journaled the actions and sent the outputs to the agent's
+    topic, then the job died before the emitted markers were written: the worker that
+    consumes the inputs finds every output by its identity header and sends none. Runs
+    the backfill's task and send steps without Spark (they import none of it)."""
+    env = SparkAppEnv.create(broker, topic_factory, tmp_path)
+    env.send(normal_inputs(N))
+    app = env.app()
+    TopicAdmin(broker.bootstrap).ensure([compacted(app.action_state_topic, 2)])
+    task = BackfillTask(
+        app, 0, app.id, app.action_state_topic, broker.bootstrap, write_journal=True, emits=True
+    )
+    by_partition: dict[int, list[InputRecord]] = {}
+    for r in read_topic(broker.bootstrap, env.input):
+        rec = InputRecord(r.partition, r.offset, r.key or "", r.value)
+        by_partition.setdefault(r.partition, []).append(rec)
+    conf = producer_config(broker.bootstrap)
+    for partition, records in by_partition.items():
+        rows = run_partition(task, partition, records, [])
+        assert sum(len(row["mark_keys"]) for row in rows) == len(records)
+        emit_rows(conf, env.output, rows, bootstrap=broker.bootstrap, state_topic=None)
+    assert len(read_topic(broker.bootstrap, env.output)) == N
+
+    worker = worker_factory(APP_SPEC, env.env)
+    _drained(env, worker)
+    assert len(read_topic(broker.bootstrap, env.output)) == N, worker.log()
+    assert f"outputs_found={N}" in worker.log() and "outputs_resent=0" in worker.log()
     assert env.effects() == {}
