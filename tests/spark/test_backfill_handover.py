@@ -19,6 +19,8 @@ import pytest
 from agents_stream.durable.output_identity import OUTPUT_HEADER
 from agents_stream.kafka.admin import TopicAdmin, compacted
 from agents_stream.kafka.config import producer_config
+from agents_stream.runtime.output_log import OutputLog
+from agents_stream.serde.journal import default_journal_codec
 from agents_stream.spark.jobs.backfill import run_backfill
 from agents_stream.spark.jobs.backfill_task import (
     BackfillTask,
@@ -118,10 +120,24 @@ def test_outputs_of_a_backfill_that_died_before_its_markers_are_found(
         rec = InputRecord(r.partition, r.offset, r.key or "", r.value)
         by_partition.setdefault(r.partition, []).append(rec)
     conf = producer_config(broker.bootstrap)
+    codec = default_journal_codec(None, app.action_state_topic)
     for partition, records in by_partition.items():
         rows = run_partition(task, partition, records, [])
         assert sum(len(row["mark_keys"]) for row in rows) == len(records)
         emit_rows(conf, env.output, rows, bootstrap=broker.bootstrap, state_topic=None)
+        # A retried attempt of the send step looks its outputs up first: none again.
+        already = OutputLog(broker.bootstrap, env.output, app.id, window_s=600)
+        sent = emit_rows(
+            conf,
+            env.output,
+            rows,
+            bootstrap=broker.bootstrap,
+            state_topic=None,
+            already=already,
+            codec=codec,
+        )
+        already.close()
+        assert sent == 0
     assert len(read_topic(broker.bootstrap, env.output)) == N
 
     worker = worker_factory(APP_SPEC, env.env)

@@ -45,6 +45,8 @@ from ...app import App
 from ...errors import ConfigurationError
 from ...kafka.admin import TopicAdmin, compacted
 from ...kafka.config import producer_config
+from ...runtime.output_log import OutputLog
+from ...serde.journal import default_journal_codec
 from ..frames.action_state import compact
 from ..source.datasource import read_kafka
 from .backfill_task import (
@@ -231,7 +233,7 @@ def run_backfill(
             f"send outputs not in {output_topic} yet",
             records=summary["outputs_unsent"],
         ):
-            _emit(results, bootstrap, output_topic, state_topic if write_journal else None)
+            _emit(results, app, app_id, bootstrap, output_topic, state_topic, write_journal)
             result.written.append(output_topic)
     elif output_topic is not None:
         with step(
@@ -275,11 +277,40 @@ def _produce(outputs: DataFrame, bootstrap: str, topic: str) -> None:
     ).foreachPartition(send)
 
 
-def _emit(results: DataFrame, bootstrap: str, topic: str, state_topic: str | None) -> None:
+def _emit(
+    results: DataFrame,
+    app: App,
+    app_id: str,
+    bootstrap: str,
+    topic: str,
+    state_topic: str,
+    write_journal: bool,
+) -> None:
     conf = producer_config(bootstrap)
+    window_s, registry = app.output_scan_window, app.schema_registry_url
 
     def send(rows: Any) -> None:
-        emit_rows(conf, topic, rows, bootstrap=bootstrap, state_topic=state_topic)
+        from pyspark import TaskContext
+
+        already, codec = None, None
+        context = TaskContext.get()
+        if context is not None and context.attemptNumber() > 0 and window_s > 0:
+            # A retried attempt: its predecessor may have sent some of these outputs.
+            already = OutputLog(bootstrap, topic, app_id, window_s=window_s)
+            codec = default_journal_codec(registry, state_topic)
+        try:
+            emit_rows(
+                conf,
+                topic,
+                rows,
+                bootstrap=bootstrap,
+                state_topic=state_topic if write_journal else None,
+                already=already,
+                codec=codec,
+            )
+        finally:
+            if already is not None:
+                already.close()
 
     wanted = results.where(F.size("sends") + F.size("mark_keys") > 0).select(
         "partition", "input_offset", "key", "sends", "send_ids", "mark_keys", "mark_values"

@@ -328,11 +328,15 @@ def emit_rows(
     *,
     bootstrap: str,
     state_topic: str | None,
+    already: OutputLog | None = None,
+    codec: Any = None,
 ) -> int:
     """Sends the ``sends`` of result rows (one input partition's, in offset order) to
     the agent's own output topic with their identity headers and, once every one is
     acked, journals the rows' emitted markers to ``state_topic`` (None: none written).
-    Returns how many outputs were sent."""
+    With ``already`` (a retried attempt, whose predecessor may have sent some of them)
+    and the journal ``codec`` of the markers, outputs found in the topic are not sent
+    again. Returns how many outputs were sent."""
     rows = list(rows)
     n = produce_outputs(
         conf,
@@ -340,7 +344,7 @@ def emit_rows(
         (
             (row["key"], value, ident)
             for row in rows
-            for value, ident in zip(row["sends"], row["send_ids"], strict=True)
+            for value, ident in _unlanded(row, already, codec)
         ),
     )
     marks = [
@@ -355,6 +359,22 @@ def emit_rows(
         with ActionStateWriter(bootstrap, state_topic) as writer:
             writer.write_raw(marks)
     return n
+
+
+def _unlanded(row: Any, already: OutputLog | None, codec: Any) -> list[tuple[bytes, str]]:
+    """The row's ``(value, identity)`` sends, less those ``already`` finds in the log."""
+    sends = list(zip(row["sends"], row["send_ids"], strict=True))
+    if already is None or not sends:
+        return sends
+    dones = [codec.decode(k, v) for k, v in zip(row["mark_keys"], row["mark_values"], strict=True)]
+    by_prefix = {output_prefix(already.origin, d): d for d in dones}
+    out = []
+    for value, ident in sends:
+        head, _, index = ident.rpartition("/")
+        done = by_prefix.get(head + "/")
+        if done is None or not already.landed(done, [int(index)]):
+            out.append((value, ident))
+    return out
 
 
 def _write_journal(task: BackfillTask, partition: int, log_entries: list[Any], codec: Any) -> None:
