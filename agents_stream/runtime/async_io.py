@@ -43,6 +43,7 @@ from confluent_kafka import Message
 
 from ..aio import AsyncWaitOperator, Element, OperatorClosedError
 from ..app import AsyncIOBinding
+from ..durable.output_identity import OUTPUT_HEADER
 from ..durable.store import all_of
 from ..kafka.producer import AckingProducer
 from ..serde.values import ValueCodec, value_codec
@@ -68,6 +69,7 @@ class AsyncIOHost:
             holding the watermark back; None disables idleness.
         watermark_interval: Event time only: seconds between idleness checks (Flink's
             auto-watermark interval).
+        origin: the app id, first field of each output's identity header (none if "").
 
     Construction does no I/O; the operator is created on the first ``handle`` so it
     binds to the running loop.
@@ -82,8 +84,10 @@ class AsyncIOHost:
         out_of_orderness_ms: int = 200,
         idle_timeout_ms: int | None = 10_000,
         watermark_interval: float = 0.2,
+        origin: str = "",
     ) -> None:
         self.binding = binding
+        self._origin = origin
         self._producer = producer
         self._dlq = dlq
         self._codec: ValueCodec = value_codec(None)
@@ -260,14 +264,32 @@ class AsyncIOHost:
             self._fail(element, exc)
             return
         try:
+            headers = self._identities(msg, len(payloads))
             acks = all_of(
-                [self._producer.send(self.binding.output, p, key=msg.key()) for p in payloads]
+                [
+                    self._producer.send(self.binding.output, p, key=msg.key(), headers=h)
+                    for p, h in zip(payloads, headers, strict=True)
+                ]
             )
         except Exception as exc:
             settled.set_exception(exc)
             return
         self.stats["emitted"] += len(payloads)
         settled.set_result(acks)
+
+    def _identities(self, msg: Message, count: int) -> list[list[tuple[str, bytes]] | None]:
+        """Each output's ``x-agents-stream-output`` header. Nothing is journaled here, so
+        the identity holds the input record's timestamp where an action's holds when it
+        finished: every run over the same input record gives the same identities, and a
+        consumer that dedupes on them drops what a re-run after a crash sends again."""
+        if not self._origin:
+            return [None] * count
+        stamp = msg.timestamp()[1]
+        head = (
+            f"{self._origin}/{msg.topic()}/{msg.partition()}/{msg.offset()}/"
+            f"async_io:{self.binding.name}/{stamp}/"
+        )
+        return [[(OUTPUT_HEADER, f"{head}{j}".encode())] for j in range(count)]
 
     def _fail(self, element: Element, exc: BaseException) -> None:
         settled = self._waiting(element)

@@ -247,7 +247,8 @@ class Worker(CommitProtocol, Rebalancing):
                 on_fatal=self._fail,
             )
         self._async_ios: dict[str, AsyncIOHost] = {
-            aio.input: AsyncIOHost(aio, self.producer, self.dlq) for aio in app.async_ios
+            aio.input: AsyncIOHost(aio, self.producer, self.dlq, origin=app.id)
+            for aio in app.async_ios
         }
         conf = consumer_config(self.broker, app.id, app.consumer_config)
         conf["enable.partition.eof"] = True  # arms held timers of caught-up partitions

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from agents_stream.durable.output_identity import OUTPUT_HEADER
 from agents_stream.testing.topics import (
     Record,
     create_topics,
@@ -57,6 +58,8 @@ def test_ordered_outputs_keep_input_order_per_partition(broker, topic_factory, w
     assert len(outputs) == 300, worker.log()
     assert sorted(r.json()["i"] for r in outputs) == list(range(300))  # no loss, no dups
     assert all(r.key == r.json()["key"] and r.json()["enriched"] for r in outputs)
+    head = f"{env['AS_APP_ID']}/{env['AS_INPUT']}/".encode()
+    assert all(r.headers[OUTPUT_HEADER].startswith(head) for r in outputs)
     # Random latencies reorder completions; the output must not show it: within each
     # output partition, the records of one input partition appear in offset order.
     position = input_positions(broker.bootstrap, env["AS_INPUT"])
@@ -215,4 +218,7 @@ def test_sigkill_with_calls_in_flight_loses_nothing(broker, topic_factory, worke
     )
     assert set(pids) == {first.proc.pid, second.proc.pid}
     assert len(duplicates) <= before_crash  # only what the first worker wrote can repeat
+    # A re-run's output carries the identity of the first run's: consumers dedupe on it.
+    identity = {r.headers[OUTPUT_HEADER]: r.json()["i"] for r in outputs}
+    assert sorted(identity.values()) == list(range(n))
     assert second.terminate() == 0, second.log()
