@@ -132,14 +132,20 @@ def test_audit_matches_inputs_by_topic_with_pre_v5_entries_on_the_first(
     assert dups == [(out_a, 2, 1)]
 
 
+async def _lookup(value: dict) -> dict:
+    return value
+
+
 def test_audit_counts_duplicate_outputs_by_their_identity(spark, broker, topic_factory):
     """Outputs carrying their identity header are duplicates only when an identity
     repeats, also with no journal left to compare against (pruned): the same content
     sent by two actions is not flagged. Outputs without one are counted by content."""
     app_id, inp, out = topic_factory("app"), topic_factory("in"), topic_factory("out")
+    aio_in, aio_out = topic_factory("aio-in"), topic_factory("aio-out")
     app = App(app_id, partitions=1)
     app.agent(Pipeline, input=inp, output=out)
-    create_topics(broker.bootstrap, [inp, out, app.action_state_topic], 1)
+    app.async_io(_lookup, input=aio_in, output=aio_out)
+    create_topics(broker.bootstrap, [inp, out, aio_out, app.action_state_topic], 1)
     ident = f"{app_id}/{inp}/0/{{}}/{PROCESS}/1700000000000/0"
     sent = [
         (b"k", b'{"n": 1}', ident.format(1)),
@@ -149,20 +155,32 @@ def test_audit_counts_duplicate_outputs_by_their_identity(spark, broker, topic_f
         (b"k", b'{"n": 3}', None),
         (b"k", b'{"n": 3}', None),  # no identity, no journal: one duplicate
     ]
+    aio = f"{app_id}/{aio_in}/0/{{}}/async_io:_lookup/1700000000000/0"
+    sent_aio = [
+        (b"k", b'{"n": 4}', aio.format(4)),
+        (b"k", b'{"n": 4}', aio.format(4)),  # re-run after a crash: one duplicate
+        (b"k", b'{"n": 5}', aio.format(5)),
+        (b"k", b'{"n": 5}', aio.format(6)),  # two inputs, same content: none
+    ]
     producer = Producer({"bootstrap.servers": broker.bootstrap})
-    for key, value, header in sent:
-        headers = [(OUTPUT_HEADER, header.encode())] if header else None
-        producer.produce(out, key=key, value=value, headers=headers)
+    for topic, records in ((out, sent), (aio_out, sent_aio)):
+        for key, value, header in records:
+            headers = [(OUTPUT_HEADER, header.encode())] if header else None
+            producer.produce(topic, key=key, value=value, headers=headers)
     assert producer.flush(30) == 0
 
     result = run_audit(spark, app, broker.bootstrap, None, inputs=False)
 
     dups = sorted(
-        (json.loads(r["value"])["n"], r["records"], r["identified"], r["duplicates"])
+        (json.loads(r["value"])["n"], r["agent"], r["records"], r["identified"], r["duplicates"])
         for r in result.tables["duplicate_outputs"].collect()
     )
-    assert dups == [(1, 2, 2, 1), (3, 2, 0, 1)]
-    assert result.summary["duplicate_output_records"] == 2
+    assert dups == [
+        (1, "Pipeline", 2, 2, 1),
+        (3, "Pipeline", 2, 0, 1),
+        (4, "async_io:_lookup", 2, 2, 1),
+    ]
+    assert result.summary["duplicate_output_records"] == 3
 
 
 def _rows(frame, drop=()):

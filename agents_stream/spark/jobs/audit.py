@@ -26,7 +26,8 @@ app's group is only *asked* for its committed offsets). Steps, each a named Spar
    app's group already committed past the record on its topic: with
    ``App(prune_completed=True)`` the states of committed records are tombstoned, so only
    uncommitted missing inputs are anomalies there.
-4. ``duplicate_outputs``: output records grouped by key and content. Where every record
+4. ``duplicate_outputs``: output records (of agents and Async I/O operators; ``agent``
+   is ``async_io:<fn>`` for the latter) grouped by key and content. Where every record
    of a group carries its identity (the ``x-agents-stream-output`` header every host
    writes), the surplus over its distinct identities is exact, also once the journal
    was pruned, and two actions that legitimately sent the same content are not
@@ -502,17 +503,19 @@ def _missing_inputs(spark: SparkSession, app: App, bootstrap: str, journal: Data
 def _duplicate_outputs(
     spark: SparkSession, app: App, bootstrap: str, journal: DataFrame
 ) -> DataFrame:
-    topics = [b.output for b in app.agents if b.output]
-    counts = partition_counts(bootstrap, [t for t in topics if t])
+    # Async I/O operators journal nothing: their outputs are told apart by identity only.
+    producers = [(b.name, b.output) for b in app.agents if b.output]
+    producers += [(f"async_io:{a.name}", a.output) for a in app.async_ios]
+    counts = partition_counts(bootstrap, [t for _, t in producers])
     frames = []
-    for binding in app.agents:
-        if not binding.output or binding.output not in counts:
+    for name, topic in producers:
+        if topic not in counts:
             continue
-        raw = read_kafka(spark, bootstrap, binding.output, includeHeaders="true")
+        raw = read_kafka(spark, bootstrap, topic, includeHeaders="true")
         ident = F.filter("headers", lambda h: h["key"] == OUTPUT_HEADER)
         frames.append(
             raw.select(
-                F.lit(binding.name).alias("agent"),
+                F.lit(name).alias("agent"),
                 "topic",
                 F.col("key").cast("string").alias("key"),
                 F.col("value").cast("string").alias("value"),
