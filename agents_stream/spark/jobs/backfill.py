@@ -151,6 +151,14 @@ def run_backfill(
             "a worker that consumes the same inputs runs their actions and sends them again",
             output_topic,
         )
+    elif emits and app_id != app.id:
+        log.warning(
+            "backfill: outputs journaled under app id %r go to %s, the topic of app %r: its "
+            "workers keep their own history and send their own outputs for these inputs",
+            app_id,
+            output_topic,
+            app.id,
+        )
     if write_journal:
         _ensure_state_topic(app, bootstrap, state_topic)
     task = BackfillTask(
