@@ -81,6 +81,12 @@ class App:
             journaled value domain in tagged JSON, see ``register_codec``; ``PickleCodec``
             only for trusted topics). Memory values and events are JSON.
         max_in_flight: records processed concurrently per worker before partitions pause.
+        code_block_threads: threads of a worker that run code blocks (``ctx.execute`` of
+            sync actions, ``execute_async`` of plain functions). At most this many such
+            calls run at once, so a sync action whose calls take ``t`` seconds finishes at
+            most ``code_block_threads / t`` records per second however many are in
+            flight; ``--code-block-threads`` overrides it. Coroutine code blocks of async
+            actions use no thread.
         on_error: ``"dlq"`` sends a record whose action raised to ``<input>-dlq`` and goes
             on; ``"fail"`` stops the worker without committing it.
         strict_determinism: raise NonDeterminismError instead of truncate-and-re-execute.
@@ -118,6 +124,7 @@ class App:
     schema_registry_url: str | None = field(default=None, repr=False)  # may hold credentials
     payload_codec: PayloadCodec = JSON
     max_in_flight: int = 6000
+    code_block_threads: int = 256
     on_error: Literal["dlq", "fail"] = "dlq"
     strict_determinism: bool = False
     prune_completed: bool = True
@@ -139,6 +146,10 @@ class App:
     def __post_init__(self) -> None:
         if not self.id or not self.id.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ConfigurationError(f"app id must be alphanumeric with -_. ; got {self.id!r}")
+        if self.code_block_threads < 1:
+            raise ConfigurationError(
+                f"code_block_threads must be at least 1; got {self.code_block_threads}"
+            )
 
     @property
     def action_state_topic(self) -> str:

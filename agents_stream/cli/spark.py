@@ -69,6 +69,11 @@ def register(subparsers: Any) -> None:
         help="append new journal entries to the ActionState topic (workers must be stopped)",
     )  # fmt: skip
     backfill.add_argument(
+        "--concurrency", type=int, default=64, metavar="N",
+        help="records of distinct keys each task runs at once, a key's in offset order "
+        "(default 64; 1: one at a time)",
+    )  # fmt: skip
+    backfill.add_argument(
         "--rerun-completed", action="store_true",
         help="DANGER: also run inputs the worker group already finished (charges them again)",
     )  # fmt: skip
@@ -165,6 +170,7 @@ def run_backfill(args: argparse.Namespace) -> int:
             ending=args.ending, output_path=args.output_path, output_topic=args.output_topic,
             app_id=args.app_id, use_journal=not args.no_journal,
             write_journal=args.write_journal, rerun_completed=args.rerun_completed,
+            concurrency=args.concurrency,
         )  # fmt: skip
         return {**result.summary, "written": result.written}
 

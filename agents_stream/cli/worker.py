@@ -56,6 +56,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="records in flight before partitions pause (default: App(max_in_flight)=6000)",
     )
     p.add_argument(
+        "--code-block-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads running code blocks of sync actions: at most N such calls at once, so "
+        "calls taking t seconds cap a worker at N/t records/s (default: "
+        "App(code_block_threads)=256)",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=10.0,
@@ -167,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
             worker_id=args.worker_id,
             shutdown_timeout=args.shutdown_timeout,
             max_in_flight=args.max_in_flight,
+            code_block_threads=args.code_block_threads,
             startup_timeout=args.startup_timeout,
             kafka_config_file=args.kafka_config,
         )
@@ -219,6 +229,7 @@ def _supervise(args: argparse.Namespace, app: App, broker: str | None) -> int:
     for flag, value in (
         ("--kafka-config", args.kafka_config),
         ("--max-in-flight", args.max_in_flight),
+        ("--code-block-threads", args.code_block_threads),
         ("--replication-factor", args.replication_factor),
         ("--min-insync-replicas", args.min_insync_replicas),
     ):

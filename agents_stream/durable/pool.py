@@ -10,13 +10,20 @@ once per burst of results rather than once per result.
 
 It is also a ``concurrent.futures.Executor`` (``submit``/``shutdown``), so hosts can pass
 it wherever an executor is expected (``execute_async`` of plain functions).
+
+Its size caps how many code blocks run at once (``App(code_block_threads)``): a sync
+action whose calls take 50 ms cannot finish more than ``threads / 0.05`` records a
+second, whatever the in-flight limit. A full pool is therefore logged (once a minute)
+and counted, so an operator sees the cap before guessing at it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, TypeVar
@@ -27,6 +34,8 @@ from .acks import acked
 T = TypeVar("T")
 
 _STOP = object()
+log = logging.getLogger("agents_stream.worker")
+WARN_EVERY_S = 60.0
 
 
 class CodeBlockPool(Executor):
@@ -44,6 +53,27 @@ class CodeBlockPool(Executor):
         self._lock = threading.Lock()
         self._outstanding = 0  # submitted, not finished: more than threads -> one more
         self._closed = False
+        self.waited = 0  # code blocks submitted while every thread was busy
+        self._warned = -WARN_EVERY_S
+
+    @property
+    def max_workers(self) -> int:
+        return self._max
+
+    @property
+    def threads(self) -> int:
+        """Threads started so far (they start as work arrives and then stay)."""
+        return len(self._threads)
+
+    @property
+    def running(self) -> int:
+        """Code blocks running now."""
+        return min(self._outstanding, len(self._threads))
+
+    @property
+    def waiting(self) -> int:
+        """Code blocks queued for a thread: the pool is the bottleneck while this is > 0."""
+        return max(0, self._outstanding - len(self._threads))
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         fut: AckFuture[T] = AckFuture()
@@ -51,10 +81,28 @@ class CodeBlockPool(Executor):
             if self._closed:
                 raise RuntimeError("cannot schedule new work after shutdown")
             self._outstanding += 1
-            if self._outstanding > len(self._threads) and len(self._threads) < self._max:
-                self._start_thread()
+            if self._outstanding > len(self._threads):
+                if len(self._threads) < self._max:
+                    self._start_thread()
+                else:
+                    self.waited += 1
+                    self._saturated()
         self._queue.put((fut, fn, args, kwargs))
         return fut
+
+    def _saturated(self) -> None:
+        now = time.monotonic()
+        if now - self._warned < WARN_EVERY_S:
+            return
+        self._warned = now
+        log.warning(
+            "all %d code-block threads are busy (%d code blocks wait for one): slow calls "
+            "of sync actions are capped at %d at a time; raise App(code_block_threads) / "
+            "--code-block-threads, or make the action async with coroutine code blocks",
+            self._max,
+            self._outstanding - len(self._threads),
+            self._max,
+        )
 
     def run(self, fn: Callable[..., T], /, *args: Any) -> asyncio.Future[T]:
         """``fn(*args)`` on a pool thread, awaitable on the running loop."""

@@ -104,6 +104,7 @@ class DurableAgent:
             InputProgress marker (completed-through = Faust's committed offset) is acked
             first, and events below it are acked without running when re-delivered.
         rerun_completed: DANGER, explicit opt-in: run events below the marker again.
+        code_block_threads: threads running code blocks (see ``App(code_block_threads)``).
         store, sink: bring your own ActionStateStore / OutputSink (tests, Faust's
             ``agent.test_context()``); no journal topic or producer is created for them.
         name: the Faust agent's name.
@@ -130,6 +131,7 @@ class DurableAgent:
         prune_completed: bool = True,
         prune_interval: float = 2.0,
         rerun_completed: bool = False,
+        code_block_threads: int = App.code_block_threads,
         store: ActionStateStore | None = None,
         sink: OutputSink | None = None,
         name: str | None = None,
@@ -157,7 +159,7 @@ class DurableAgent:
         if kafka_config is not None:
             configure(kafka_config)
         self.prune_completed = prune_completed and store is None
-        self._pool = CodeBlockPool(64)
+        self._pool = CodeBlockPool(code_block_threads)
         self._context = ContextConfig(
             app_id=self.app_id,
             worker_id=self.worker_id,

@@ -137,6 +137,7 @@ class WorkerCollector(Collector):
             "in_flight_peak", "highest in-flight count", _attr(controller, "peak_in_flight")
         )
         yield _gauge("in_flight_limit", "in-flight limit before partitions pause", w.max_in_flight)
+        yield from self._code_blocks(w)
         owned = sorted(_snapshot(dict.fromkeys(_owned(w))))
         assigned = GaugeMetricFamily(
             f"{PREFIX}_assigned_partitions", "input partitions owned", labels=["topic"]
@@ -164,6 +165,26 @@ class WorkerCollector(Collector):
         replayed.add_metric([], stats.get("journal_records_replayed", 0))
         yield replayed
         yield from self._lag(w, [tp for tp, _ in owned])
+
+    @staticmethod
+    def _code_blocks(w: Worker) -> Iterable[Metric]:
+        pool = w._pool
+        yield _gauge(
+            "code_blocks_running", "code blocks running on the worker's threads", pool.running
+        )
+        yield _gauge(
+            "code_blocks_waiting",
+            "code blocks queued for a thread (> 0: raise --code-block-threads)",
+            pool.waiting,
+        )
+        yield _gauge(
+            "code_block_threads_limit", "threads that run code blocks, at most", pool.max_workers
+        )
+        waited = CounterMetricFamily(
+            f"{PREFIX}_code_blocks_waited", "code blocks that had to wait for a thread"
+        )
+        waited.add_metric([], pool.waited)
+        yield waited
 
     def _agents(self, w: Worker) -> Iterable[Metric]:
         rin = CounterMetricFamily(

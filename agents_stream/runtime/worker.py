@@ -84,6 +84,7 @@ class Worker(CommitProtocol, Rebalancing):
             worker gives up (KafkaIOError).
         kafka_config_file: librdkafka properties for every client, over
             ``app.kafka_config`` (see :mod:`agents_stream.kafka.config`).
+        code_block_threads: over ``app.code_block_threads``.
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class Worker(CommitProtocol, Rebalancing):
         max_in_flight: int | None = None,
         startup_timeout: float = 10.0,
         kafka_config_file: str | Path | None = None,
+        code_block_threads: int | None = None,
     ) -> None:
         if not app.agents and not app.async_ios:
             raise ConfigurationError(f"app {app.id!r} has no agents or async_io operators")
@@ -115,7 +117,7 @@ class Worker(CommitProtocol, Rebalancing):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._kafka = ThreadPoolExecutor(1, thread_name_prefix="agents-stream-kafka")
-        self._pool = CodeBlockPool(64)
+        self._pool = CodeBlockPool(code_block_threads or app.code_block_threads)
         self._owned: set[tuple[str, int]] = set()
         self._state_refs: dict[int, int] = defaultdict(int)
         # Finished, not yet committed records per partition: a heap by offset.

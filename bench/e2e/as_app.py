@@ -7,20 +7,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from typing import Any
 
 from agents_stream import Agent, App, InputEvent, OutputEvent, RunnerContext, action
 
 CALLS = int(os.environ.get("AS_BENCH_CALLS", "1"))
 KIND = os.environ.get("AS_BENCH_KIND", "sync")
+# A call's latency: 0 is a call that returns at once (the framework's own cost); a few
+# ms to a few seconds is the service call a real action journals.
+CALL_S = float(os.environ.get("AS_BENCH_CALL_MS", "0")) / 1000
 
 
 def lookup(value: Any, n: int) -> int:
+    if CALL_S:
+        time.sleep(CALL_S)
     return n + 1
 
 
 async def lookup_async(value: Any, n: int) -> int:
+    if CALL_S:
+        await asyncio.sleep(CALL_S)
     return n + 1
 
 

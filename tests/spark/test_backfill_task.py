@@ -56,13 +56,13 @@ def test_inputs_below_the_marker_or_committed_offset_are_skipped():
     RAN.clear()
     marker = InputProgress("bf-in", 0, 3)
     rows = run_partition(task(), 0, records(5), snapshot(marker))
-    assert RAN == [3, 4]
+    assert sorted(RAN) == [3, 4]  # distinct keys: run at once
     assert [r["completed"] for r in sorted(rows, key=lambda r: r["input_offset"])] == [
         True, True, True, False, False,
     ]  # fmt: skip
     RAN.clear()
     run_partition(task(committed=((0, 2),)), 0, records(5), [])  # no marker: group offsets
-    assert RAN == [2, 3, 4]
+    assert sorted(RAN) == [2, 3, 4]
 
 
 class Counter(Agent):

@@ -104,6 +104,7 @@ def run_backfill(
     use_journal: bool = True,
     write_journal: bool = False,
     rerun_completed: bool = False,
+    concurrency: int = 64,
 ) -> BackfillResult:
     """Backfills ``agent`` over its input topic range (steps in the module docstring).
 
@@ -126,7 +127,13 @@ def run_backfill(
             offset). Off by default: those inputs are done, and running them again
             charges every side effect once more. They are counted in the summary as
             ``inputs_completed`` (and in ``skipped``).
+        concurrency: records of distinct keys each task (input partition) runs at once,
+            a key's records still in offset order, as the worker does; 1 runs them one
+            at a time. With calls that take ``t`` seconds a task finishes at most
+            ``concurrency / t`` records a second.
     """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1; got {concurrency}")
     index = pick_binding(app, agent)
     binding = app.agents[index]
     app_id = app_id or app.id
@@ -171,6 +178,7 @@ def run_backfill(
         rerun_completed,
         committed,
         emits=emits,
+        concurrency=concurrency,
     )
     inputs = read_kafka(
         spark, bootstrap, binding.input, starting, ending, includeHeaders="false"

@@ -6,11 +6,13 @@ For one partition, in order:
 1. Decode the partition's snapshot of the ActionState topic (live records only, any
    schema version; an undecodable record fails the task, as it would stop a worker) into
    an :class:`~agents_stream.state.memory.InMemoryActionStateStore`.
-2. Run every input record, in offset order, through
-   :class:`~agents_stream.durable.runner.ActionRunner` (asyncio, one record at a time):
-   completed actions are skipped (their outputs replayed, memory applied once), journaled
-   calls are replayed, everything else executes; new entries go to the in-memory store,
-   so later records of the same key see the memory the earlier ones left.
+2. Run the input records through :class:`~agents_stream.durable.runner.ActionRunner`
+   (asyncio), as the worker does: a key's records one after another in offset order,
+   up to ``BackfillTask.concurrency`` records of distinct keys at once (a slow call
+   must not hold back every other key of the partition). Completed actions are skipped
+   (their outputs replayed, memory applied once), journaled calls are replayed,
+   everything else executes; new entries go to the in-memory store, so later records of
+   the same key see the memory the earlier ones left. Rows come back in offset order.
 3. Optionally append the new entries (and truncation tombstones) to the ActionState
    topic, same keys and partition as the worker would write, so that a later worker or
    backfill replays them instead of executing again.
@@ -32,8 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,6 +46,7 @@ from ...durable.errors import FATAL_ERRORS
 from ...durable.journal import ActionDone, JournalEntry
 from ...durable.keys import encode_identity, entry_key_bytes
 from ...durable.output_identity import OUTPUT_HEADER, output_prefix
+from ...durable.pool import CodeBlockPool
 from ...durable.runner import ActionRunner, RecordInput
 from ...errors import KafkaIOError
 from ...host.kit import DurableHost
@@ -87,6 +91,7 @@ class BackfillTask:
         emits: outputs go to the agent's own output topic: rows carry what to send
             there (the outputs not in it yet, with identity headers) and the emitted
             markers to journal afterwards (written only with ``write_journal``).
+        concurrency: records of distinct keys a task runs at once (1: one at a time).
     """
 
     app: App
@@ -98,6 +103,7 @@ class BackfillTask:
     rerun_completed: bool = False
     committed: tuple[tuple[int, int], ...] = ()  # worker group's (partition, offset)
     emits: bool = False
+    concurrency: int = 64
 
     @property
     def agent_binding(self) -> AgentBinding:
@@ -131,7 +137,9 @@ def run_partition(
         held.output_log = OutputLog(
             task.bootstrap, binding.output, task.app_id, window_s=task.app.output_scan_window
         )
-    with ThreadPoolExecutor(4, thread_name_prefix="backfill") as pool:
+    # A thread for each record that may be in a code block at once.
+    pool = CodeBlockPool(max(task.concurrency, 4), thread_name_prefix="backfill")
+    try:
         kit = DurableHost(
             app,
             bootstrap=task.bootstrap,
@@ -151,10 +159,15 @@ def run_partition(
         todo = [r for r in records if r.offset >= below]
         rows = [_completed_row(r) for r in records if r.offset < below]
         try:
-            rows += asyncio.run(_run_all(runner, todo, in_codec, out_codec, held, store, codec))
+            rows += asyncio.run(
+                _run_all(runner, todo, in_codec, out_codec, held, store, codec, task.concurrency)
+            )
         finally:
             if held.output_log is not None:
                 held.output_log.close()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    rows.sort(key=lambda row: row["input_offset"])
     if not task.emits:
         for row in rows:  # nothing goes to the agent's topic: the worker will send them
             row.update(sends=[], send_ids=[], mark_keys=[], mark_values=[])
@@ -184,19 +197,27 @@ def _completed_row(rec: InputRecord) -> dict[str, Any]:
 
 class _TaskStore(InMemoryActionStateStore):
     """The snapshot store of a task. Emitted markers are held, not journaled with the
-    task's entries: the outputs they vouch for are produced after the task, if at all."""
+    task's entries: the outputs they vouch for are produced after the task, if at all.
+    They are kept per input record (its offset, the ``seq`` of its actions), since the
+    records of distinct keys run at once."""
 
     def __init__(self, entries: Sequence[JournalEntry]) -> None:
         super().__init__(entries)
-        self.markers: list[ActionDone] = []
+        self.markers: dict[int, list[ActionDone]] = {}
 
     def note(self, entries: Sequence[Any], partition: int) -> None:
-        self.markers.extend(e for e in entries if isinstance(e, ActionDone))
+        for entry in entries:
+            if isinstance(entry, ActionDone):
+                self.markers.setdefault(entry.ref.seq, []).append(entry)
+
+    def take_markers(self, offset: int) -> list[ActionDone]:
+        return self.markers.pop(offset, [])
 
 
 class _HeldOutputs:
     """The task's output sink: produces nothing, keeps the outputs the worker's sink
-    would send (those of ActionDones not marked emitted) with their identity headers."""
+    would send (those of ActionDones not marked emitted) with their identity headers,
+    per input record."""
 
     threadsafe = True
     takes_done = True
@@ -204,7 +225,7 @@ class _HeldOutputs:
     def __init__(self, origin: str) -> None:
         self.origin = origin
         self.output_log: OutputLog | None = None
-        self.held: list[tuple[Any, str]] = []
+        self.held: dict[int, list[tuple[Any, str]]] = {}
 
     def send(
         self,
@@ -219,8 +240,12 @@ class _HeldOutputs:
         assert done is not None
         prefix = output_prefix(self.origin, done)
         numbers = range(len(values)) if indexes is None else indexes
-        self.held.extend((v, f"{prefix}{j}") for v, j in zip(values, numbers, strict=True))
+        held = self.held.setdefault(done.ref.seq, [])
+        held.extend((v, f"{prefix}{j}") for v, j in zip(values, numbers, strict=True))
         return resolved()
+
+    def take(self, offset: int) -> list[tuple[Any, str]]:
+        return self.held.pop(offset, [])
 
     def landed(self, done: ActionDone, indexes: Sequence[int]) -> list[int]:
         return [] if self.output_log is None else self.output_log.landed(done, indexes)
@@ -234,54 +259,77 @@ async def _run_all(
     held: _HeldOutputs,
     store: _TaskStore,
     codec: Any,
+    concurrency: int = 1,
 ) -> list[dict[str, Any]]:
-    rows = []
+    """Rows of ``records``: each key's in offset order, ``concurrency`` keys at once."""
+    lanes: dict[Any, list[InputRecord]] = {}
     for rec in sorted(records, key=lambda r: r.offset):
-        row: dict[str, Any] = {
-            "partition": rec.partition, "input_offset": rec.offset, "key": rec.key,
-            "outputs": [], "actions_run": 0, "actions_skipped": 0,
-            "calls_executed": 0, "calls_replayed": 0, "error": None, "completed": False,
-            "sends": [], "send_ids": [], "mark_keys": [], "mark_values": [],
-        }  # fmt: skip
-        held.held.clear()
-        store.markers.clear()
-        try:
-            value = in_codec.decode(rec.value)
-            outcome = await runner.run(
-                RecordInput(
-                    rec.key,
-                    rec.offset,
-                    value,
-                    rec.partition,
-                    rec.timestamp_ms,
-                    keyless=rec.keyless,
-                )
-            )
-        except FATAL_ERRORS:
-            # An unreadable journal or a strict-mode divergence: no state may be guessed,
-            # so the job fails, as the worker stops, instead of reporting one bad row.
-            raise
-        except Exception as exc:  # the worker's on_error="dlq": report and go on
-            log.warning(
-                "backfill: %s@%d key=%r failed: %r", rec.partition, rec.offset, rec.key, exc
-            )
-            row["error"] = f"{type(exc).__name__}: {exc}"
-        else:
-            row.update(
-                outputs=[out_codec.encode(v) for v in outcome.outputs],
-                actions_run=outcome.actions_run,
-                actions_skipped=outcome.actions_skipped,
-                calls_executed=outcome.calls_executed,
-                calls_replayed=outcome.calls_replayed,
-                sends=[out_codec.encode(v) for v, _ in held.held],
-                send_ids=[i for _, i in held.held],
-                mark_keys=[entry_key_bytes(m) for m in store.markers],
-                mark_values=[codec.encode(m) for m in store.markers],
-            )
-        # A record that failed keeps its ActionDones unmarked: whoever runs it next
-        # (a worker, a dead-letter replay) sends their outputs.
-        rows.append(row)
+        # Keyless records share no state (no memory, no timers): each is a lane of its own.
+        lanes.setdefault(("", rec.offset) if rec.keyless else rec.key, []).append(rec)
+    todo = deque(lanes.values())
+    rows: list[dict[str, Any]] = []
+
+    async def drain() -> None:
+        while todo:
+            for rec in todo.popleft():
+                rows.append(await _run_one(runner, rec, in_codec, out_codec, held, store, codec))
+
+    await asyncio.gather(*(drain() for _ in range(max(1, min(concurrency, len(todo))))))
     return rows
+
+
+async def _run_one(
+    runner: ActionRunner,
+    rec: InputRecord,
+    in_codec: Any,
+    out_codec: Any,
+    held: _HeldOutputs,
+    store: _TaskStore,
+    codec: Any,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "partition": rec.partition, "input_offset": rec.offset, "key": rec.key,
+        "outputs": [], "actions_run": 0, "actions_skipped": 0,
+        "calls_executed": 0, "calls_replayed": 0, "error": None, "completed": False,
+        "sends": [], "send_ids": [], "mark_keys": [], "mark_values": [],
+    }  # fmt: skip
+    try:
+        value = in_codec.decode(rec.value)
+        outcome = await runner.run(
+            RecordInput(
+                rec.key,
+                rec.offset,
+                value,
+                rec.partition,
+                rec.timestamp_ms,
+                keyless=rec.keyless,
+            )
+        )
+    except FATAL_ERRORS:
+        # An unreadable journal or a strict-mode divergence: no state may be guessed,
+        # so the job fails, as the worker stops, instead of reporting one bad row.
+        raise
+    except Exception as exc:  # the worker's on_error="dlq": report and go on
+        log.warning("backfill: %s@%d key=%r failed: %r", rec.partition, rec.offset, rec.key, exc)
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    else:
+        sends, marks = held.take(rec.offset), store.take_markers(rec.offset)
+        row.update(
+            outputs=[out_codec.encode(v) for v in outcome.outputs],
+            actions_run=outcome.actions_run,
+            actions_skipped=outcome.actions_skipped,
+            calls_executed=outcome.calls_executed,
+            calls_replayed=outcome.calls_replayed,
+            sends=[out_codec.encode(v) for v, _ in sends],
+            send_ids=[i for _, i in sends],
+            mark_keys=[entry_key_bytes(m) for m in marks],
+            mark_values=[codec.encode(m) for m in marks],
+        )
+    # A record that failed keeps its ActionDones unmarked: whoever runs it next (a
+    # worker, a dead-letter replay) sends their outputs. What it held is dropped.
+    held.take(rec.offset)
+    store.take_markers(rec.offset)
+    return row
 
 
 def produce_outputs(

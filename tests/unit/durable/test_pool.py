@@ -70,3 +70,22 @@ def test_shutdown_cancels_queued_work_and_refuses_more() -> None:
     assert running.result(5) is True
     with pytest.raises(RuntimeError, match="shutdown"):
         pool.submit(lambda: None)
+
+
+def test_a_full_pool_is_counted_logged_once_and_drains(caplog: pytest.LogCaptureFixture) -> None:
+    """Calls beyond the thread limit wait for a thread: the gauges show it, the wait is
+    counted, one warning names the setting to raise, and every call still runs."""
+    pool = CodeBlockPool(3)
+    gate = threading.Event()
+    with caplog.at_level("WARNING", logger="agents_stream.worker"):
+        futures = [pool.submit(gate.wait, 5) for _ in range(7)]
+    assert (pool.threads, pool.max_workers, pool.waited) == (3, 3, 4)
+    assert (pool.running, pool.waiting) == (3, 4)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "all 3 code-block threads are busy" in warnings[0]
+    assert "code_block_threads" in warnings[0]
+    gate.set()
+    assert all(f.result(5) for f in futures)
+    pool.shutdown()  # joins the threads: each has counted its call finished
+    assert (pool.running, pool.waiting) == (0, 0)
