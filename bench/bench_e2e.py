@@ -52,6 +52,7 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)
     processes: int = 1
     journaled: bool = False
+    args: list[str] = field(default_factory=list)  # extra worker CLI arguments
 
 
 VARIANTS = [
@@ -138,6 +139,7 @@ def start(
                 "--broker", f"kafka://{bootstrap}", "--data-dir", str(tmp / f"data-{n}"),
                 "-l", "warning",
             ]  # fmt: skip
+            cmd += variant.args
             if variant.processes > 1:
                 cmd += ["--processes", str(variant.processes)]
             if metrics_ports:  # consecutive: child i serves the first one + i

@@ -29,6 +29,7 @@ ORDER = [
     "bench_serde",
     "bench_aio",
     "bench_e2e",
+    "bench_slow_calls",
     "bench_journal",
     "bench_latency",
     "bench_rebuild",

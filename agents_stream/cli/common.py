@@ -93,3 +93,14 @@ def setup_logging(level: str) -> None:
         format=f"[%(asctime)s]{where} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def positive_int(text: str) -> int:
+    """argparse type of counts that must be at least 1 (threads, concurrency)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from ..errors import AgentsStreamError, ConfigurationError
-from .common import add_app_args, configure_clients, load_app, setup_logging
+from .common import add_app_args, configure_clients, load_app, positive_int, setup_logging
 
 
 def register(subparsers: Any) -> None:
@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
         help="append new journal entries to the ActionState topic (workers must be stopped)",
     )  # fmt: skip
     backfill.add_argument(
-        "--concurrency", type=int, default=64, metavar="N",
+        "--concurrency", type=positive_int, default=64, metavar="N",
         help="records of distinct keys each task runs at once, a key's in offset order "
         "(default 64; 1: one at a time)",
     )  # fmt: skip

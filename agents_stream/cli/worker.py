@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from ..app import BROKER_ENV, App
 from ..errors import AgentsStreamError, ConfigurationError
 from ..kafka.config import scrub, url_secrets
-from .common import add_app_args, load_app, setup_logging
+from .common import add_app_args, load_app, positive_int, setup_logging
 from .processes import parse_processes
 
 log = logging.getLogger("agents_stream.cli")
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--code-block-threads",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="threads running code blocks of sync actions: at most N such calls at once, so "

@@ -121,15 +121,21 @@ class CodeBlockPool(Executor):
             if item is _STOP:
                 return
             fut, fn, args, kwargs = item
+            error: BaseException | None = None
+            result = None
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:  # delivered to the waiter, as an executor does
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
-            del item, fut, fn, args, kwargs  # nothing of a finished call outlives it here
+                error = exc
+            # Counted finished before the waiter hears of it: an action resumed by this
+            # result may submit its next call at once, and this thread is free for it.
             with self._lock:
                 self._outstanding -= 1
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+            del item, fut, fn, args, kwargs, result, error  # nothing of a call outlives it
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

@@ -137,8 +137,9 @@ def run_partition(
         held.output_log = OutputLog(
             task.bootstrap, binding.output, task.app_id, window_s=task.app.output_scan_window
         )
-    # A thread for each record that may be in a code block at once.
-    pool = CodeBlockPool(max(task.concurrency, 4), thread_name_prefix="backfill")
+    # A thread for each record that may be in a code block at once (started on demand).
+    threads = max(task.concurrency, task.app.code_block_threads)
+    pool = CodeBlockPool(threads, thread_name_prefix="backfill")
     try:
         kit = DurableHost(
             app,
