@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default="HEAD~1", help="the commit to compare against")
     p.add_argument("--records", type=int, default=20_000)
     p.add_argument("--calls", default="0,1", help="journaled calls per record, comma-separated")
-    p.add_argument("--kind", choices=["sync", "async"], default="sync")
+    p.add_argument("--kind", choices=["sync", "async", "async_inline"], default="sync")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     rev = subprocess.run(

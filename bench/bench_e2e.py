@@ -84,6 +84,12 @@ VARIANTS = [
         journaled=True,
     ),
     Variant(
+        "agents_stream, async, 1 ctx.execute (sync call)",
+        "agents",
+        {"AS_BENCH_CALLS": "1", "AS_BENCH_KIND": "async_inline"},
+        journaled=True,
+    ),
+    Variant(
         "agents_stream, sync, 1 call, two processes",
         "agents",
         {"AS_BENCH_CALLS": "1"},

@@ -1,8 +1,10 @@
 """The agents_stream side of the end-to-end bench, configured by environment variables.
 
 ``AS_BENCH_APP`` (app id), ``AS_BENCH_INPUT``/``AS_BENCH_OUTPUT`` (topics),
-``AS_BENCH_CALLS`` (journaled calls per record), ``AS_BENCH_KIND`` (``sync`` or
-``async`` action). Run with ``agents-stream worker -A bench.e2e.as_app:app``.
+``AS_BENCH_CALLS`` (journaled calls per record), ``AS_BENCH_KIND`` (``sync``,
+``async``, or ``async_inline``: an async action calling the sync ``ctx.execute``),
+``AS_BENCH_CALL_MS`` (each call's latency). Run with
+``agents-stream worker -A bench.e2e.as_app:app``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,19 @@ class AsyncBench(Agent):
         ctx.send_event(OutputEvent(output={**event.input, "seen": True, "n": n}))
 
 
+class AsyncInlineBench(Agent):
+    """DESIGN's example shape: an async action calling the sync ``ctx.execute``."""
+
+    @action(InputEvent)
+    @staticmethod
+    async def process(event: InputEvent, ctx: RunnerContext) -> None:
+        n = 0
+        for _ in range(CALLS):
+            n = ctx.execute(lookup, event.key, n)
+        ctx.send_event(OutputEvent(output={**event.input, "seen": True, "n": n}))
+
+
+AGENTS = {"sync": SyncBench, "async": AsyncBench, "async_inline": AsyncInlineBench}
 app = App(
     os.environ.get("AS_BENCH_APP", "bench-e2e"),
     producer_config=dict(
@@ -60,7 +75,7 @@ app = App(
     ),
 )
 app.agent(
-    SyncBench if KIND == "sync" else AsyncBench,
+    AGENTS[KIND],
     input=os.environ.get("AS_BENCH_INPUT", "bench-in"),
     output=os.environ.get("AS_BENCH_OUTPUT", "bench-out"),
 )
