@@ -40,6 +40,21 @@ class ActionSpec:
     fn: Callable[..., Any]
     listens: tuple[type[Event], ...]
     is_async: bool
+    # An async action whose code names the sync ctx.execute: run in a carrier, so that
+    # call suspends for its ack instead of blocking the loop (durable/bridge.py). Only
+    # those: the carrier costs every await of the action a few microseconds.
+    calls_sync: bool = False
+
+
+_SYNC_CALLS = frozenset({"execute", "durable_execute"})
+
+
+def _names_sync_call(code: Any) -> bool:
+    """Whether ``code`` (or a function, lambda or comprehension inside it) names
+    ``execute`` / ``durable_execute``: ``ctx.execute(...)`` in its source."""
+    if _SYNC_CALLS.intersection(code.co_names):
+        return True
+    return any(_names_sync_call(c) for c in code.co_consts if inspect.iscode(c))
 
 
 class Agent:
@@ -69,6 +84,8 @@ class Agent:
                         fn=fn,
                         listens=listens,
                         is_async=inspect.iscoroutinefunction(fn),
+                        calls_sync=inspect.iscoroutinefunction(fn)
+                        and _names_sync_call(fn.__code__),
                     )
                 )
         if not found:

@@ -139,7 +139,9 @@ class Payments(Agent):
         if risk > 0.9:
             ctx.send_event(OutputEvent(output={**order, "status": "rejected", "risk": risk}))
             return
-        charge = ctx.execute(
+        # Awaited: the charge runs in the code-block pool while other orders go on (a
+        # plain ctx.execute here would hold the event loop for the whole call).
+        charge = await ctx.execute_async(
             Charge(),
             order["customer"],
             order["amount"],

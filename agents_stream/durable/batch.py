@@ -42,7 +42,7 @@ from greenlet import GreenletExit
 from ..errors import PartialSendError, RecordRefusedError
 from .ackfuture import then
 from .acks import acked
-from .bridge import Finished, _Bridged, release, start
+from .bridge import Finished, _Bridged, release, run_coroutine_bridged, start
 from .journal import ActionDone, ActionRef
 from .runner import (
     ActionRunner,
@@ -154,7 +154,8 @@ class RecordBatch:
             # Its own task, as on the per-record path: asyncio.timeout(), TaskGroups and
             # cancellation inside the action act on the action alone.
             run = _Run(index, record, ref, ctx, snapshot, base, None, event)
-            task = asyncio.ensure_future(spec.fn(event, ctx))
+            coro = spec.fn(event, ctx)
+            task = asyncio.ensure_future(run_coroutine_bridged(coro) if spec.calls_sync else coro)
             self._wait(task, partial(self._async_returned, run))
             return
         # Each action in a carrier greenlet with a copy of the caller's context, as a

@@ -10,13 +10,21 @@ wait at once; none holds a thread.
 
 What runs where: the action body (between code blocks) on the loop thread; the body of a
 code block in the host's thread pool (it may block on I/O); acks on the loop.
+
+Async actions get the same for the sync ``ctx.execute`` they may call (the public
+contract's own example does, for a quick computation): :func:`run_coroutine_bridged`
+drives the action's coroutine in a carrier as its task would, waiting for each future
+it yields. The call still runs inline (it is meant to be quick), but its ack wait
+suspends the carrier instead of blocking the loop, where before every other record of
+the worker stood still for each such call's ack (a few ms on a real cluster).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from greenlet import GreenletExit, getcurrent, greenlet
@@ -25,12 +33,14 @@ T = TypeVar("T")
 
 
 class _Bridged(greenlet):  # type: ignore[misc]
-    """A greenlet running a sync action; ``driver`` is the greenlet that switched to it
-    (the asyncio task's), which it switches back to when it waits or is done."""
+    """A greenlet running a sync action (or an async one's coroutine: ``stepping``);
+    ``driver`` is the greenlet that switched to it (the asyncio task's), which it
+    switches back to when it waits or is done."""
 
     def __init__(self, fn: Callable[..., Any], driver: greenlet) -> None:
         super().__init__(fn, driver)
         self.driver = driver
+        self.stepping = False
 
 
 class Finished:
@@ -98,6 +108,7 @@ def start(
         carrier = _Bridged(_carry, driver)
         carrier.switch()  # to its first wait for work
     carrier.gr_context = context
+    carrier.stepping = False
     return carrier, carrier.switch(fn, args)
 
 
@@ -127,6 +138,65 @@ async def run_bridged(fn: Callable[..., T], *args: Any) -> T:
             step = carrier.switch(value)
     release(carrier)
     return step.unwrap()  # type: ignore[no-any-return]
+
+
+def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """In a carrier: run ``coro`` to its end as its task would, waiting (:func:`await_`)
+    for each future it yields; a sync call inside it waits the same way."""
+    getcurrent().stepping = True
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            out = coro.send(value) if error is None else coro.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        value = error = None
+        try:
+            if out is None:  # a bare yield (asyncio.sleep(0)): let the loop run once
+                await_(asyncio.sleep(0))
+            elif getattr(out, "_asyncio_future_blocking", None):
+                out._asyncio_future_blocking = False
+                await_(out)
+            else:
+                error = RuntimeError(f"Task got bad yield: {out!r}")
+        except GreenletExit:
+            raise  # the carrier is abandoned (a drain): the coroutine is closed below
+        except BaseException as exc:
+            if not _own_outcome(out, exc):
+                error = exc  # e.g. the task cancelled after the future was done
+
+
+async def run_coroutine_bridged(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` inside a carrier, so a sync call inside it may :func:`await_`
+    (suspend) instead of blocking the loop.
+
+    The task running this is the coroutine's task, as if it awaited ``coro`` directly:
+    ``asyncio.current_task()``, ``asyncio.timeout()`` and cancellation act on it, a
+    future the coroutine yields is what the task waits on (so a cancel reaches it), and
+    the coroutine reads that future's outcome itself when resumed, as under a Task.
+    Its context variables live in a copy of the caller's context, as a task's do.
+    """
+    try:
+        return await run_bridged(_drive, coro)
+    finally:
+        coro.close()  # a no-op once it returned or raised
+
+
+def _own_outcome(fut: Any, exc: BaseException) -> bool:
+    """Whether ``exc`` is ``fut``'s own outcome, which the coroutine reads when resumed."""
+    if not asyncio.isfuture(fut) or not fut.done():
+        return False
+    if fut.cancelled():
+        return isinstance(exc, asyncio.CancelledError)
+    return fut.exception() is exc
+
+
+def stepping() -> bool:
+    """Whether the caller runs inside :func:`run_coroutine_bridged` (an async action:
+    its sync calls run inline, only their waits suspend)."""
+    current = getcurrent()
+    return isinstance(current, _Bridged) and current.stepping
 
 
 def bridged() -> bool:

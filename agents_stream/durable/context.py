@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from ..events import Event, OutputEvent
 from .acks import acked
-from .bridge import await_, bridged
+from .bridge import await_, bridged, stepping
 from .callable import DurableCallable, RetryPolicy
 from .errors import (
     CodeBlockViolation,
@@ -142,6 +142,27 @@ class _Call:
     reconciler_shape: CallShape | None
     reconciler_takes_args: bool  # False: the zero-argument (Flink Agents) form
     retry: RetryPolicy | None
+
+
+_warned_blocking: set[tuple[str, str]] = set()
+
+
+def _warn_blocking(action: str, fid: str) -> None:
+    """Once per action and function: ``ctx.execute`` in an async action runs in a carrier
+    and suspends for its ack only when the action's own code names it (``calls_sync``
+    in ``agent.py``; ``durable/bridge.py``). Called from a helper function, or from a
+    task the action created, it cannot suspend: it waits for its journal ack on the
+    event loop, and every other record of the worker waits too."""
+    if (action, fid) in _warned_blocking:
+        return
+    _warned_blocking.add((action, fid))
+    log.warning(
+        "%s: ctx.execute(%s) outside the async action's own body (a helper it calls, a "
+        "task it created) blocks the event loop, and every other record, until it and "
+        "its journal ack are done; use `await ctx.execute_async(...)` there",
+        action,
+        fid,
+    )
 
 
 def _run_guarded(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -297,9 +318,10 @@ class RunnerContext:
 
         From a sync action, ``fn`` runs in the worker's thread pool while the action
         waits, suspended on the event loop without holding a thread (``durable/bridge.py``);
-        from an ``async`` action it runs inline and blocks the event loop (use
-        :meth:`execute_async` there). Returns once the outcome is journaled and
-        acknowledged. After a crash a journaled outcome is
+        from an ``async`` action it runs inline (keep it quick: use
+        :meth:`execute_async` for I/O) and the action is suspended, the loop not
+        blocked, while the outcome is acknowledged. Returns once the outcome is
+        journaled and acknowledged. After a crash a journaled outcome is
         returned / re-raised without running ``fn`` again, the result equal to the
         original, types included.
 
@@ -431,13 +453,18 @@ class RunnerContext:
         attempts: int,
     ) -> Any:
         target, args, kwargs = self._invocation(index, call, reconciling)
-        on_loop = bridged()
+        on_loop = bridged()  # waits suspend the action instead of blocking
+        if not on_loop and asyncio._get_running_loop() is not None:
+            _warn_blocking(self.ref.action, call.fid)
+        # A sync action's call runs in the pool (it may block on I/O); an async action's
+        # runs inline, as documented (only its waits suspend).
+        pooled = on_loop and not stepping()
         tries = 0
         while True:
             tries += 1
             error: Exception | None = None
             try:
-                if on_loop:
+                if pooled:
                     result = await_(self._in_pool(target, args, kwargs))
                 else:
                     result = _run_guarded(target, args, kwargs)

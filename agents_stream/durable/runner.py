@@ -48,7 +48,7 @@ from ..errors import KafkaIOError, PartialSendError
 from ..events import Event, EventError, InputEvent, TimerEvent
 from .ackfuture import AckFuture, resolved, then
 from .acks import acked
-from .bridge import run_bridged
+from .bridge import run_bridged, run_coroutine_bridged
 from .context import ContextConfig, RunnerContext
 from .errors import KeylessRecordError
 from .journal import (
@@ -309,7 +309,10 @@ class ActionRunner:
         key ``""``).
         """
         ctx, snapshot, base = self._context(ref, firing, keyless)
-        if spec.is_async:
+        if spec.calls_sync:
+            # In a carrier: the sync ctx.execute inside suspends for its ack.
+            await run_coroutine_bridged(spec.fn(event, ctx))
+        elif spec.is_async:
             await spec.fn(event, ctx)
         else:
             # On the loop, in a greenlet: journal acks suspend it instead of holding a
