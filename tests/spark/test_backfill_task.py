@@ -129,3 +129,23 @@ def test_outputs_marked_in_the_snapshot_are_not_sent_again():
     (again,) = run_partition(first, 0, records(1), snapshot(mark))
     assert again["actions_skipped"] == 1 and len(again["outputs"]) == 2
     assert again["sends"] == [] and again["mark_keys"] == []
+
+
+def test_every_output_row_names_its_identity_in_action_order():
+    """Whatever the destination, each output has the worker's identity: the record's
+    actions in the order they ran, each output's index within its action."""
+    for emits in (False, True):
+        rows = run_partition(_echo_task(emits), 0, records(2), [])
+        for row in rows:
+            prefix = f"bf-echo/bf-in/0/{row['input_offset']}/Echo.process#0/"
+            assert [i[: len(prefix)] for i in row["output_ids"]] == [prefix, prefix]
+            assert [i.rsplit("/", 1)[1] for i in row["output_ids"]] == ["0", "1"]
+            if emits:
+                assert row["output_ids"] == row["send_ids"]
+    (replayed,) = run_partition(
+        _echo_task(False),
+        0,
+        records(1),
+        snapshot(*_marks(run_partition(_echo_task(True), 0, records(1), [])[0])),
+    )
+    assert replayed["actions_skipped"] == 1 and len(replayed["output_ids"]) == 2

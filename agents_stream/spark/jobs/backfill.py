@@ -234,8 +234,20 @@ def run_backfill(
     summary["skipped"] = summary["inputs_completed"]
     summary.update(agent=binding.name, input=binding.input, app_id=app_id)
     log.info("backfill: %s", summary)
+    # Each output with its identity (the worker's x-agents-stream-output value): a
+    # consumer of another topic, or of the Parquet, can tell a re-run's copy from a new one.
     outputs = results.select(
-        "key", "partition", "input_offset", F.posexplode("outputs").alias("output_index", "value")
+        "key",
+        "partition",
+        "input_offset",
+        F.posexplode(F.arrays_zip("outputs", "output_ids")).alias("output_index", "out"),
+    ).select(
+        "key",
+        "partition",
+        "input_offset",
+        "output_index",
+        F.col("out.outputs").alias("value"),
+        F.col("out.output_ids").alias("output_id"),
     )
     result = BackfillResult(summary, results, outputs)
     if output_path is not None:
@@ -285,7 +297,14 @@ def _produce(outputs: DataFrame, bootstrap: str, topic: str) -> None:
     conf = producer_config(bootstrap)
 
     def send(rows: Any) -> None:
-        produce_outputs(conf, topic, ((r["key"], r["value"]) for r in rows))
+        produce_outputs(
+            conf,
+            topic,
+            (
+                (r["key"], r["value"], r["output_id"]) if r["output_id"] else (r["key"], r["value"])
+                for r in rows
+            ),
+        )
 
     # One task per input partition, in input order: per-key output order is kept.
     outputs.repartition("partition").sortWithinPartitions(

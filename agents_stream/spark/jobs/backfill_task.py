@@ -61,7 +61,7 @@ RESULT_DDL = (
     "partition INT, input_offset BIGINT, key STRING, outputs ARRAY<BINARY>, "
     "actions_run INT, actions_skipped INT, calls_executed INT, calls_replayed INT, "
     "error STRING, completed BOOLEAN, sends ARRAY<BINARY>, send_ids ARRAY<STRING>, "
-    "mark_keys ARRAY<BINARY>, mark_values ARRAY<BINARY>"
+    "mark_keys ARRAY<BINARY>, mark_values ARRAY<BINARY>, output_ids ARRAY<STRING>"
 )
 """Spark schema of the per-record results of a backfill task."""
 
@@ -192,7 +192,7 @@ def _completed_row(rec: InputRecord) -> dict[str, Any]:
         "partition": rec.partition, "input_offset": rec.offset, "key": rec.key,
         "outputs": [], "actions_run": 0, "actions_skipped": 0,
         "calls_executed": 0, "calls_replayed": 0, "error": None, "completed": True,
-        "sends": [], "send_ids": [], "mark_keys": [], "mark_values": [],
+        "sends": [], "send_ids": [], "mark_keys": [], "mark_values": [], "output_ids": [],
     }  # fmt: skip
 
 
@@ -213,6 +213,25 @@ class _TaskStore(InMemoryActionStateStore):
 
     def take_markers(self, offset: int) -> list[ActionDone]:
         return self.markers.pop(offset, [])
+
+    def output_ids(self, origin: str, rec: InputRecord, count: int) -> list[str]:
+        """The identity of each of the record's ``count`` outputs, in the order its
+        actions sent them (the worker's ``x-agents-stream-output`` values), or none if
+        its ActionDones do not account for exactly those outputs."""
+        with self._lock:
+            found = [self._entries[i] for i in self._record(rec.key, rec.offset) if i[0] == "a"]
+        dones = sorted(
+            (d for d in found if isinstance(d, ActionDone) and d.ref.partition == rec.partition),
+            key=lambda d: _ordinal(d.ref.action),
+        )
+        ids = [f"{output_prefix(origin, d)}{i}" for d in dones for i in range(len(d.outputs))]
+        return ids if len(ids) == count else []
+
+
+def _ordinal(action: str) -> int:
+    """``Agent.method#3`` -> 3: the order in which a record's actions ran."""
+    digits = "".join(c for c in action.rsplit("#", 1)[-1] if c.isdigit())
+    return int(digits or 0)
 
 
 class _HeldOutputs:
@@ -292,7 +311,7 @@ async def _run_one(
         "partition": rec.partition, "input_offset": rec.offset, "key": rec.key,
         "outputs": [], "actions_run": 0, "actions_skipped": 0,
         "calls_executed": 0, "calls_replayed": 0, "error": None, "completed": False,
-        "sends": [], "send_ids": [], "mark_keys": [], "mark_values": [],
+        "sends": [], "send_ids": [], "mark_keys": [], "mark_values": [], "output_ids": [],
     }  # fmt: skip
     try:
         value = in_codec.decode(rec.value)
@@ -325,6 +344,7 @@ async def _run_one(
             send_ids=[i for _, i in sends],
             mark_keys=[entry_key_bytes(m) for m in marks],
             mark_values=[codec.encode(m) for m in marks],
+            output_ids=store.output_ids(held.origin, rec, len(outcome.outputs)),
         )
     # A record that failed keeps its ActionDones unmarked: whoever runs it next (a
     # worker, a dead-letter replay) sends their outputs. What it held is dropped.
