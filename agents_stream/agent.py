@@ -45,6 +45,25 @@ class ActionSpec:
     # those: the carrier costs every await of the action a few microseconds.
     calls_sync: bool = False
 
+    @property
+    def in_carrier(self) -> bool:
+        """Whether this async action runs in a carrier: its code names the sync call, or
+        one of its runs called it from a helper (learned, see :func:`learn_calls_sync`)."""
+        return self.calls_sync or (self.is_async and self.name in _LEARNED_SYNC)
+
+
+# Async actions seen calling the sync ctx.execute outside a carrier (from a helper
+# function their code does not name): their later runs go to a carrier. By name, as
+# RunnerContext knows its action: two agents of one name in a process only cost the
+# other a carrier it does not need.
+_LEARNED_SYNC: set[str] = set()
+
+
+def learn_calls_sync(action: str) -> None:
+    """``action`` (``Agent.method``, or an action id ``Agent.method#n``) called the sync
+    ``ctx.execute`` where it could not suspend: run its later records in a carrier."""
+    _LEARNED_SYNC.add(action.split("#", 1)[0])
+
 
 _SYNC_CALLS = frozenset({"execute", "durable_execute"})
 

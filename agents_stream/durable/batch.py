@@ -155,7 +155,7 @@ class RecordBatch:
             # cancellation inside the action act on the action alone.
             run = _Run(index, record, ref, ctx, snapshot, base, None, event)
             coro = spec.fn(event, ctx)
-            task = asyncio.ensure_future(run_coroutine_bridged(coro) if spec.calls_sync else coro)
+            task = asyncio.ensure_future(run_coroutine_bridged(coro) if spec.in_carrier else coro)
             self._wait(task, partial(self._async_returned, run))
             return
         # Each action in a carrier greenlet with a copy of the caller's context, as a

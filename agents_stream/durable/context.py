@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
+from ..agent import learn_calls_sync
 from ..events import Event, OutputEvent
 from .acks import acked
 from .bridge import await_, bridged, stepping
@@ -148,18 +149,22 @@ _warned_blocking: set[tuple[str, str]] = set()
 
 
 def _warn_blocking(action: str, fid: str) -> None:
-    """Once per action and function: ``ctx.execute`` in an async action runs in a carrier
-    and suspends for its ack only when the action's own code names it (``calls_sync``
-    in ``agent.py``; ``durable/bridge.py``). Called from a helper function, or from a
-    task the action created, it cannot suspend: it waits for its journal ack on the
-    event loop, and every other record of the worker waits too."""
+    """``ctx.execute`` in an async action outside a carrier (``durable/bridge.py``) cannot
+    suspend: it waits for its journal ack on the event loop, and every other record of
+    the worker waits too. Async actions run in a carrier when their own code names
+    ``ctx.execute`` (``calls_sync`` in ``agent.py``); one that reached it through a helper
+    function is learned here, so its later records run in one. A task the action created
+    never runs in its carrier: said once per action and function."""
+    learn_calls_sync(action)
     if (action, fid) in _warned_blocking:
         return
     _warned_blocking.add((action, fid))
     log.warning(
-        "%s: ctx.execute(%s) outside the async action's own body (a helper it calls, a "
-        "task it created) blocks the event loop, and every other record, until it and "
-        "its journal ack are done; use `await ctx.execute_async(...)` there",
+        "%s: ctx.execute(%s) ran outside the async action's carrier and blocked the event "
+        "loop, and every other record, until it and its journal ack were done. Called "
+        "from a helper function, later records of this action run in a carrier and do "
+        "not block; called from a task the action created, it blocks every time: use "
+        "`await ctx.execute_async(...)` there",
         action,
         fid,
     )

@@ -309,7 +309,7 @@ class ActionRunner:
         key ``""``).
         """
         ctx, snapshot, base = self._context(ref, firing, keyless)
-        if spec.calls_sync:
+        if spec.in_carrier:
             # In a carrier: the sync ctx.execute inside suspends for its ack.
             await run_coroutine_bridged(spec.fn(event, ctx))
         elif spec.is_async:

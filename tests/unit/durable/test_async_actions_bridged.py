@@ -114,6 +114,54 @@ def test_batch_path_steps_async_actions_too() -> None:
     assert sorted(o.outputs[0] for o in outcomes.values()) == [n * 10 for n in range(RECORDS)]
 
 
+def total_of(ctx: RunnerContext, n: int) -> int:
+    return ctx.execute(score, n)  # the action's own code does not name ctx.execute
+
+
+class ScoringViaHelper(Agent):
+    @action(InputEvent)
+    @staticmethod
+    async def process(event: InputEvent, ctx: RunnerContext) -> None:
+        ctx.send_event(OutputEvent(output=total_of(ctx, event.input)))
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["per-record", "batch"])
+def test_a_helper_calling_execute_blocks_once_then_the_action_runs_in_a_carrier(
+    batch: bool,
+) -> None:
+    """Static detection misses a helper function; its first call (which blocked the loop
+    for its ack) teaches the worker, and every later record of the action suspends."""
+    from agents_stream.agent import _LEARNED_SYNC
+
+    _LEARNED_SYNC.discard("ScoringViaHelper.process")
+    pool = CodeBlockPool(2)
+    config = ContextConfig(app_id="t", worker_id="w", codec=JSON, executor=pool)
+    first = ActionRunner(ScoringViaHelper, InMemoryActionStateStore(), config)
+    store = HeldAcks(RECORDS)
+    runner = ActionRunner(ScoringViaHelper, store, config)
+    outcomes: dict[int, object] = {}
+
+    async def main() -> None:
+        (spec,) = ScoringViaHelper.actions()
+        assert not spec.in_carrier
+        assert (await first.run(RecordInput("k", 0, 0))).outputs == [0]  # blocked, learned
+        assert spec.in_carrier
+        records = [RecordInput(f"k{n}", n, n) for n in range(RECORDS)]
+        if batch:
+            await runner.run_batch(records, lambda i, outcome: outcomes.__setitem__(i, outcome))
+        else:
+            done = await asyncio.gather(*(runner.run(r) for r in records))
+            outcomes.update(enumerate(done))
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.shutdown()
+        _LEARNED_SYNC.discard("ScoringViaHelper.process")
+    assert store.peak == RECORDS  # every later record waited for its ack at once
+    assert sorted(o.outputs[0] for o in outcomes.values()) == [n * 10 for n in range(RECORDS)]
+
+
 # -- the stepping itself behaves as a task ----------------------------------------------
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
 
