@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +57,6 @@ from .runner import (
 )
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from ..events import InputEvent
     from .context import RunnerContext
     from .journal import MemorySnapshot
@@ -112,8 +112,13 @@ class RecordBatch:
         self._group: list[tuple[_Run, ActionDone, RecordOutcome]] = []
         self._live: dict[int, _Run] = {}  # suspended actions, by record index
         self._waits: set[asyncio.Future[Any]] = set()
+        # Resolved on other threads (a pool result, a journal ack): see _from_thread.
+        self._incoming: deque[tuple[Callable[..., None], Any]] = deque()
+        self._wake_pending = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
         for index, record in enumerate(self._records):
             try:
@@ -122,10 +127,14 @@ class RecordBatch:
                 self._report(index, exc)
         try:
             self._flush()
+            incoming = self._incoming
             while self._outstanding:
+                while incoming:
+                    self._ready.append(incoming.popleft())
                 if not self._ready:
-                    self._signal = asyncio.get_running_loop().create_future()
+                    self._signal = loop.create_future()
                     await self._signal
+                    continue
                 ready, self._ready = self._ready, []
                 for handler, arg in ready:
                     self._outstanding -= 1
@@ -190,9 +199,12 @@ class RecordBatch:
                 self._returned(run)
             return
         self._live[run.index] = run
-        self._wait(asyncio.ensure_future(step), partial(self._resume, run))
+        if isinstance(step, Future):  # a code block's result, a journal ack
+            self._wait_thread(step, partial(self._resume, run))
+        else:
+            self._wait(asyncio.ensure_future(step), partial(self._resume, run))
 
-    def _resume(self, run: _Run, fut: asyncio.Future[Any]) -> None:
+    def _resume(self, run: _Run, fut: asyncio.Future[Any] | Future[Any]) -> None:
         child = run.child
         assert child is not None
         if fut.cancelled():
@@ -351,6 +363,38 @@ class RecordBatch:
     def _arrived(self, handler: Callable[[Any], None], fut: asyncio.Future[Any]) -> None:
         self._waits.discard(fut)
         self._ready.append((handler, fut))
+        signal = self._signal
+        if signal is not None and not signal.done():
+            signal.set_result(None)
+
+    def _wait_thread(self, fut: Future[Any], handler: Callable[[Any], None]) -> None:
+        """Wait for a future resolved on another thread without an asyncio future per
+        wait (``acks.acked`` builds one, and its callback costs a loop round of its own):
+        the resolving thread queues the handler here and wakes this batch once per burst."""
+        self._outstanding += 1
+        if fut.done():
+            self._ready.append((handler, fut))
+        else:
+            fut.add_done_callback(partial(self._from_thread, handler))
+
+    def _from_thread(self, handler: Callable[[Any], None], fut: Future[Any]) -> None:
+        # No lock shared with the loop (a resolver preempted holding it would stall the
+        # loop): the deque's append/popleft are atomic, and _wake clears the flag before
+        # the loop drains, so an arrival is either drained or schedules another wake.
+        self._incoming.append((handler, fut))
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # loop closed: the batch is gone
+            pass
+
+    def _wake(self) -> None:
+        self._wake_pending = False
         signal = self._signal
         if signal is not None and not signal.done():
             signal.set_result(None)

@@ -25,9 +25,12 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from greenlet import GreenletExit, getcurrent, greenlet
+
+from .acks import acked
 
 T = TypeVar("T")
 
@@ -131,7 +134,7 @@ async def run_bridged(fn: Callable[..., T], *args: Any) -> T:
     carrier, step = start(fn, args, contextvars.copy_context())
     while type(step) is not Finished:
         try:
-            value = await step
+            value = await (acked(step) if isinstance(step, Future) else step)
         except BaseException as exc:  # delivered into the action, which may handle it
             step = carrier.throw(exc)
         else:
@@ -204,8 +207,11 @@ def bridged() -> bool:
     return isinstance(getcurrent(), _Bridged)
 
 
-def await_(awaitable: Awaitable[T]) -> T:
+def await_(awaitable: Awaitable[T] | Future[T]) -> T:
     """Suspend the bridged sync function until ``awaitable`` is done; its result.
+
+    A ``concurrent.futures.Future`` (a journal ack, a code block's result) is handed to
+    the driver as it is: a batch waits for it without an asyncio future per wait.
 
     Raises:
         RuntimeError: not called from inside :func:`run_bridged`.

@@ -495,13 +495,13 @@ class RunnerContext:
 
     def _in_pool(
         self, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Awaitable[Any]:
+    ) -> Awaitable[Any] | Future[Any]:
         """A sync action on the loop (see ``bridge``) runs its code block in the pool:
         the block may block on I/O, the loop must not."""
         ctx = contextvars.copy_context()
         executor = self._config.executor
         if isinstance(executor, CodeBlockPool):
-            return executor.run(ctx.run, _run_guarded, target, args, kwargs)
+            return executor.submit(ctx.run, _run_guarded, target, args, kwargs)
         return asyncio.get_running_loop().run_in_executor(
             executor, ctx.run, _run_guarded, target, args, kwargs
         )
@@ -511,7 +511,7 @@ class RunnerContext:
         """Wait for a journal ack: suspended on the loop when the action is bridged,
         blocking this thread otherwise."""
         if bridged():
-            await_(acked(fut))
+            await_(fut)
         else:
             fut.result()
 
