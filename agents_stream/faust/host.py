@@ -9,7 +9,8 @@ Guarantees (the worker's): a code block whose CallResult was acknowledged is nev
 executed again after a crash or rebalance, its outcome is replayed; completed actions are
 skipped and their memory updates and outputs are not applied twice; an input is acked to
 Faust (which then commits it) only after all its actions completed and their outputs are
-durable. Records of one Faust agent are processed one at a time, in Faust's order.
+durable. Records of one Faust agent are processed one at a time, in Faust's order, or
+with ``concurrency=N`` up to N at once: distinct keys concurrently, each key in order.
 
 Lifecycle, in the order Faust drives it:
 
@@ -27,7 +28,7 @@ Lifecycle, in the order Faust drives it:
 6. Shutdown (``on_before_shutdown``): flush and close the producer, close the caches.
 
 Not hosted here (the worker has them): timers (registrations are journaled, never
-fired), Async I/O operators, watermark epochs, per-key concurrency.
+fired), Async I/O operators, watermark epochs.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ import os
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,7 @@ from ..kafka.config import configure
 from ..kafka.producer import AckingProducer
 from ..state.base import ActionStateStore
 from ..state.kafka import KafkaActionStateStore
+from .lanes import KeyLanes
 from .records import FaustEvent, FaustRecordHandler, OnError, record_key
 
 try:
@@ -105,6 +108,12 @@ class DurableAgent:
             first, and events below it are acked without running when re-delivered.
         rerun_completed: DANGER, explicit opt-in: run events below the marker again.
         code_block_threads: threads running code blocks (see ``App(code_block_threads)``).
+        concurrency: records in flight at once (default 1: one at a time, in Faust's
+            order). Above 1, records of distinct keys run concurrently and a key's
+            records stay in order, as on the worker (unlike Faust's own agent
+            ``concurrency``, which runs copies of the agent over one stream); keyless
+            records each run on their own. Faust commits an offset only once every
+            record below it was acked.
         store, sink: bring your own ActionStateStore / OutputSink (tests, Faust's
             ``agent.test_context()``); no journal topic or producer is created for them.
         name: the Faust agent's name.
@@ -132,11 +141,15 @@ class DurableAgent:
         prune_interval: float = 2.0,
         rerun_completed: bool = False,
         code_block_threads: int = App.code_block_threads,
+        concurrency: int = 1,
         store: ActionStateStore | None = None,
         sink: OutputSink | None = None,
         name: str | None = None,
     ) -> None:
         agent.actions()  # validate at import time of the user's module
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1; got {concurrency}")
+        self.concurrency = concurrency
         self.faust_app = faust_app
         self.agent = agent
         self.topic = faust_app.topic(topic) if isinstance(topic, str) else topic
@@ -209,9 +222,28 @@ class DurableAgent:
 
     # -- Faust agent ------------------------------------------------------------------
     async def _consume(self, stream: Any) -> None:
-        """The Faust agent: one event at a time, acked by the handler once done."""
-        async for event in stream.noack().events():
-            await self.process(event)
+        """The Faust agent: events acked by the handler once done; one at a time, or by
+        key in :class:`~agents_stream.faust.lanes.KeyLanes` (``concurrency``)."""
+        if self.concurrency == 1:
+            async for event in stream.noack().events():
+                await self.process(event)
+            return
+        lanes = KeyLanes(self.concurrency)
+        try:
+            async for event in stream.noack().events():
+                await lanes.submit(self._lane_of(event), partial(self.process, event))
+            await lanes.join()
+        finally:
+            lanes.cancel()  # stopping: unacked events come again, their calls replay
+
+    @staticmethod
+    def _lane_of(event: FaustEvent) -> Hashable:
+        """A key's records share a lane (per partition: keys are co-partitioned, but a
+        custom partitioner may not be); a keyless record has one of its own."""
+        msg = event.message
+        if getattr(msg, "key", event.key) is None and event.key is None:
+            return object()
+        return (int(msg.partition), record_key(event.key))
 
     async def process(self, event: FaustEvent) -> bool:
         """Run one Faust event's actions; True when it was acked (see ``records``)."""

@@ -64,6 +64,7 @@ durable = durable_agent(
     topic=orders,
     output=os.environ.get("AS_OUTPUT", "receipts"),
     on_error=os.environ.get("AS_ON_ERROR", "dlq"),  # type: ignore[arg-type]
+    concurrency=int(os.environ.get("AS_CONCURRENCY", "1")),
 )
 
 if __name__ == "__main__":

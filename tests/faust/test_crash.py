@@ -9,6 +9,7 @@ import time
 import pytest
 
 from agents_stream.testing.topics import read_topic, wait_for_records
+from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
 from tests.fault.scenario import CrashScenario, wait_log
 
 pytest.importorskip("faust")
@@ -56,6 +57,30 @@ def test_acked_calls_are_replayed_after_sigkill(scenario):
     assert scenario.effects() == {"fetch": 1, "score": 1, "notify": 1}
     assert restarted.terminate() == 0
     assert "'calls_replayed': 2" in restarted.log(), restarted.log()
+
+
+def test_records_in_flight_together_are_killed_and_replayed(scenario):
+    """``concurrency=4``: several records of distinct keys are mid-way when the worker
+    is SIGKILLed (one parked after its second call, blocking the loop, the others at
+    whatever point they reached); after a restart every record's output is there once,
+    its memory updated once, and no acknowledged call ran again."""
+    scenario.arm("after-1")
+    scenario.send(*({"n": n} for n in range(1, 9)))
+    proc = scenario.start(AS_CONCURRENCY="4")
+    scenario.wait_parked("after-1", proc)
+    proc.kill()
+    assert scenario.effects()["fetch"] >= 2  # more than one record was in flight
+    scenario.disarm("after-1")
+    restarted = scenario.start(AS_CONCURRENCY="4")
+    scenario.outputs(8)
+    time.sleep(2)  # a duplicate would arrive by now
+    outs = [r.json() for r in read_topic(scenario.broker.bootstrap, scenario.env["AS_OUTPUT"])]
+    assert sorted(o["n"] for o in outs) == list(range(1, 9))
+    assert all(o["count"] == 1 for o in outs)
+    assert connect(str(scenario.db_path)).execute(REEXECUTED_AFTER_ACK).fetchone()[0] == 0
+    effects = scenario.effects()
+    assert min(effects["fetch"], effects["score"], effects["notify"]) >= 8, effects
+    assert restarted.terminate() == 0
 
 
 def test_finished_but_uncommitted_record_is_skipped(scenario):
