@@ -151,7 +151,7 @@ def start(
             if metrics_ports:  # consecutive: child i serves the first one + i
                 cmd += ["--metrics-port", str(metrics_ports[0])]
         else:
-            env = dict(os.environ)
+            env = {**os.environ, **variant.env}
             state_topic = f"{topic_in}-journal"
             if variant.system == "raw-journal":
                 create_topic(bootstrap, state_topic, PARTITIONS, compact=True)

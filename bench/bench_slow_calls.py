@@ -19,7 +19,9 @@ records, 1,000 keys, 4 partitions) on one embedded broker, as in ``bench_e2e.py`
 ``cap`` is ``threads / latency`` (sync rows); ``vs 0 ms`` is the row against the
 ceiling. Backfill table: one backfill task (``run_partition``, what each Spark task
 runs; no Spark session) over ``--backfill-records`` records of 1,000 keys, with
-``concurrency`` 1 (the previous behaviour) and the default 64.
+``concurrency`` 1 (the previous behaviour) and the default 64. Faust table: the Faust
+host (``durable_agent``, a sync action with the same call) one record at a time (its only
+mode before the nineteenth round) and with ``concurrency=256``.
 
 Run: ``.venv/bin/python bench/bench_slow_calls.py [--latency-ms 50] [--records 10000]``
 """
@@ -105,6 +107,31 @@ def run_backfill(records: int, latency_ms: int) -> list[tuple[object, ...]]:
     return rows
 
 
+def run_faust(latency_ms: int, timeout: float) -> list[tuple[object, ...]]:
+    """The Faust host (``durable_agent``) one record at a time (its only mode before) and
+    with ``concurrency=256``; the first drains a smaller backlog (20 records/s at 50 ms)."""
+    rows: list[tuple[object, ...]] = []
+    base = 0.0
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-faust-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        for i, (concurrency, records) in enumerate(((1, 200), (256, 4000))):
+            topic_in, topic_out = f"faust-slow-{i}-in", f"faust-slow-{i}-out"
+            fill(broker.bootstrap, topic_in, records)
+            create_topic(broker.bootstrap, topic_out, PARTITIONS)
+            env = {"AS_BENCH_CALL_MS": str(latency_ms), "AS_BENCH_CONCURRENCY": str(concurrency)}
+            procs = start(Variant("faust host", "faust-durable", env), broker.bootstrap,
+                          topic_in, topic_out, tmp)  # fmt: skip
+            try:
+                _, rate, error = collect(broker.bootstrap, topic_out, records, procs, timeout)
+            finally:
+                stop(procs)
+            base = base or rate or 1.0
+            label = "1 (one at a time, before)" if concurrency == 1 else str(concurrency)
+            rows.append((f"Faust host, concurrency {label}", rate, f"{rate / base:.1f}x", error))
+            print(f"  faust {concurrency}: {rate:,.0f} records/s {error}", file=sys.stderr)
+    return rows
+
+
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--latency-ms", type=int, default=50)
@@ -116,6 +143,7 @@ def main() -> int:
     backfill_records = args.backfill_records or (1_000 if args.quick else 2_000)
     worker_rows = run_workers(records, args.latency_ms, args.timeout)
     backfill_rows = run_backfill(backfill_records, args.latency_ms)
+    faust_rows = run_faust(args.latency_ms, args.timeout)
     print(
         f"{records:,} records, {KEYS:,} keys, {PARTITIONS} partitions, one journaled call of "
         f"{args.latency_ms} ms per record; one worker process per row"
@@ -126,7 +154,10 @@ def main() -> int:
         f"{backfill_records:,} records, {KEYS:,} keys, one {args.latency_ms} ms call each; one task"
     )
     print(table(["backfill", "records/s", "vs before"], backfill_rows))
-    return 0 if all(not r[-1] for r in worker_rows) else 1
+    print()
+    print(f"Faust host (durable_agent), one {args.latency_ms} ms call per record; one Faust worker")
+    print(table(["Faust host", "records/s", "vs before", "note"], faust_rows))
+    return 0 if all(not r[-1] for r in worker_rows + faust_rows) else 1
 
 
 if __name__ == "__main__":

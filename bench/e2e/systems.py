@@ -220,6 +220,46 @@ def faust_table(args: argparse.Namespace) -> None:
     _faust(args, table=True)
 
 
+def faust_durable(args: argparse.Namespace) -> None:
+    """agents_stream's Faust host (``durable_agent``): a sync action with one journaled
+    call of ``AS_BENCH_CALL_MS`` ms; ``AS_BENCH_CONCURRENCY`` records in flight."""
+    import time
+
+    import faust
+
+    from agents_stream import Agent, InputEvent, OutputEvent, RunnerContext, action
+    from agents_stream.faust import durable_agent
+
+    call_s = float(os.environ.get("AS_BENCH_CALL_MS", "0")) / 1000
+
+    def lookup(key: str) -> int:
+        time.sleep(call_s)
+        return len(key)
+
+    class FaustBench(Agent):
+        @action(InputEvent)
+        @staticmethod
+        def process(event: InputEvent, ctx: RunnerContext) -> None:
+            n = ctx.execute(lookup, event.key)
+            ctx.send_event(OutputEvent(output={**enrich(event.input), "n": n}))
+
+    app = faust.App(
+        f"faust-durable-{uuid.uuid4().hex[:6]}",
+        broker=f"kafka://{args.bootstrap}",
+        store="memory://",
+        topic_partitions=4,
+        web_enabled=False,
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=1.5,
+        consumer_auto_offset_reset="earliest",
+    )
+    source = app.topic(args.input, value_serializer="json")
+    concurrency = int(os.environ.get("AS_BENCH_CONCURRENCY", "1"))
+    durable_agent(app, FaustBench, topic=source, output=args.output, concurrency=concurrency)
+    sys.argv = ["faust", "worker", "-l", "warn"]
+    app.main()
+
+
 SYSTEMS: dict[str, Callable[[argparse.Namespace], None]] = {
     "raw": raw,
     "raw-journal": raw_journal,
@@ -229,6 +269,7 @@ SYSTEMS: dict[str, Callable[[argparse.Namespace], None]] = {
     "bytewax-state": bytewax_state,
     "faust": faust_plain,
     "faust-table": faust_table,
+    "faust-durable": faust_durable,
 }
 
 
