@@ -96,10 +96,12 @@ class App:
             consumer-group offset reset. By default they are skipped: they finished, and
             running them again charges every side effect once more.
         commit_interval: seconds between offset commits.
-        output_scan_window: seconds after an action finished during which a worker that
-            recovers it unmarked (a worker died after its outputs were acked, before the
-            emitted marker was) looks its outputs up in the output topic and sends only
-            those not there; older ones, or all with 0, are sent again.
+        output_scan_window: a worker that recovers an action unmarked (a worker died
+            after its outputs were acked, before the emitted marker was) looks its
+            outputs up in the output topic and sends only those not there: from when it
+            finished to the end of the topic if that was within this many seconds, else
+            up to two producer delivery timeouts after it finished. 0: no lookup, every
+            unmarked output is sent again.
         partitions: partition count of topics the worker has to create.
         replication_factor: replication of topics the worker creates (-1: the broker's
             ``default.replication.factor``); ``--replication-factor`` overrides it.

@@ -37,7 +37,7 @@ from ..durable.context import ContextConfig
 from ..durable.journal import InputProgress
 from ..durable.runner import ActionRunner, OutputSink, TimersHook
 from ..durable.store import ActionStateStore
-from ..kafka.config import producer_config
+from ..kafka.config import delivery_timeout_ms, producer_config
 from ..kafka.producer import AckingProducer
 from ..runtime.dlq import DeadLetters
 from ..runtime.output_log import OutputLog
@@ -99,8 +99,9 @@ class DurableHost:
         self.data_dir = Path(data_dir)
         own_sinks = dict(sinks or {})
         self.producer: AckingProducer | None = None
+        producer_conf = producer_config(bootstrap, app.producer_config)
         if produce or store is None:
-            self.producer = AckingProducer(producer_config(bootstrap, app.producer_config))
+            self.producer = AckingProducer(producer_conf)
         self.dlq = DeadLetters(self.producer, app.id) if produce and self.producer else None
         self.context = ContextConfig(
             app_id=app.id,
@@ -132,7 +133,13 @@ class DurableHost:
             sink = own_sinks.get(spec.input)
             if sink is None and produce and out_codec is not None and self.producer:
                 assert spec.output is not None
-                found = OutputLog(bootstrap, spec.output, app.id, window_s=app.output_scan_window)
+                found = OutputLog(
+                    bootstrap,
+                    spec.output,
+                    app.id,
+                    window_s=app.output_scan_window,
+                    delivery_timeout=delivery_timeout_ms(producer_conf),
+                )
                 self._output_logs.append(found)
                 if isinstance(store, KafkaActionStateStore):
                     # A partition's previous owner may have sent outputs since the read.

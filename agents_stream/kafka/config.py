@@ -188,6 +188,15 @@ def producer_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> 
     return _layered("producer", conf, bootstrap, overrides)
 
 
+def delivery_timeout_ms(conf: dict[str, Any]) -> int | None:
+    """How long a producer with ``conf`` keeps trying to deliver a record, in ms (None:
+    forever). librdkafka's ``delivery.timeout.ms`` (alias ``message.timeout.ms``),
+    default 300000; 0 means no limit."""
+    value = conf.get("delivery.timeout.ms", conf.get("message.timeout.ms", 300_000))
+    ms = int(value)
+    return None if ms <= 0 else ms
+
+
 def reader_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """A group-less consumer for replaying a topic (cache rebuild, inspection)."""
     import uuid

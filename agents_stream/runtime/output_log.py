@@ -9,11 +9,17 @@ action finished, and the output's index: a record that reuses an offset of a rec
 topic cannot match), and a worker recovering such an ActionDone reads the output topic from
 shortly before the action finished to its end: the outputs it finds are not sent again.
 
-The read is bounded by time (``offsets_for_times``): an ActionDone that finished longer
-ago than ``App(output_scan_window=...)`` is not looked up (its outputs not marked are
-sent), and neither is anything when the window is 0. A broker whose time index answers
-every lookup with offset 0 (the embedded test broker) makes each read start at the
-beginning: slower, still correct.
+The read is bounded by time (``offsets_for_times``). An ActionDone that finished within
+``App(output_scan_window=...)`` seconds is looked up from shortly before it finished to
+the end of the topic (so outputs an earlier recovery sent again are found too). An older
+one is looked up in a closed range around when it finished: its outputs were produced
+once its ActionDone was acked, so they carry timestamps no later than two producer
+delivery timeouts (``delivery.timeout.ms``, 5 minutes by default) after it, plus clock
+skew; a partition's read stops at the first output stamped after that. Outputs sent
+again by an earlier recovery long after the action finished are outside that range, and
+are sent once more. A window of 0 turns every lookup off. A broker whose time index
+answers every lookup with offset 0 (the embedded test broker) makes each read start at
+the beginning: slower, still correct.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from ..durable.journal import ActionDone
 from ..durable.output_identity import OUTPUT_HEADER, output_prefix
 from ..errors import KafkaIOError
-from ..kafka.config import reader_config
+from ..kafka.config import delivery_timeout_ms, reader_config
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +45,9 @@ CLOCK_SKEW_MS = 60_000
 # What was read is kept while recoveries ask again soon after (one read serves the many
 # ActionDones of a partition taken over together), then dropped.
 KEEP_S = 30.0
+# A closed read covers this much more on each side, so that the ActionDones of one
+# crash, finished within minutes of each other, share it.
+SPAN_SLACK_MS = 600_000
 
 
 class OutputLog:
@@ -59,10 +68,14 @@ class OutputLog:
         window_s: float,
         overrides: dict[str, Any] | None = None,
         timeout: float = 30.0,
+        delivery_timeout: int | None = delivery_timeout_ms({}),
     ) -> None:
+        """``delivery_timeout``: the producers' delivery timeout in ms (None: unbounded,
+        older actions are then not looked up)."""
         self.topic = topic
         self.origin = origin
         self.window_ms = int(window_s * 1000)
+        self.delivery_timeout_ms = delivery_timeout
         self._bootstrap = bootstrap
         self._overrides = overrides
         self._timeout = timeout
@@ -77,6 +90,8 @@ class OutputLog:
         self._next: dict[int, int] = {}  # output partition -> next offset to read
         self._stale = True
         self._used = time.monotonic()
+        # Closed reads for older actions: (from ms, until ms, input partition, seen).
+        self._spans: list[tuple[int, int, bytes, set[bytes]]] = []
 
     def mark_stale(self) -> None:
         """Outputs may have been appended that matter (partitions were assigned)."""
@@ -84,9 +99,9 @@ class OutputLog:
 
     def landed(self, done: ActionDone, indexes: Sequence[int]) -> list[int]:
         """Those of ``indexes`` (indexes of ``done``'s outputs) whose output is in the
-        topic; [] when ``done`` finished longer ago than the window."""
+        topic (see the module doc for how far it looks)."""
         since_ms = done.finished_ms
-        if not indexes or self.window_ms <= 0 or time.time() * 1000 - since_ms > self.window_ms:
+        if not indexes or self.window_ms <= 0:
             return []
         part = f"{self.origin}/{done.ref.topic}/{done.ref.partition}/".encode()
         prefix = output_prefix(self.origin, done).encode()
@@ -94,6 +109,10 @@ class OutputLog:
         with self._lock:
             if time.monotonic() - self._used > KEEP_S:
                 self._reset()
+            self._used = time.monotonic()
+            if time.time() * 1000 - since_ms > self.window_ms:
+                seen = self._span(part, from_ms, since_ms) or set()
+                return [j for j in indexes if prefix + str(j).encode() in seen]
             if part not in self._parts or self._from_ms is None or from_ms < self._from_ms:
                 self._parts.add(part)
                 self._from_ms = from_ms if self._from_ms is None else min(from_ms, self._from_ms)
@@ -104,6 +123,21 @@ class OutputLog:
             self._stale = False
             self._used = time.monotonic()
             return [j for j in indexes if prefix + str(j).encode() in self._seen]
+
+    def _span(self, part: bytes, from_ms: int, since_ms: int) -> set[bytes] | None:
+        """The identities read in a closed range covering an older action's outputs
+        (read now unless an earlier read covers it); None without a delivery timeout."""
+        if self.delivery_timeout_ms is None:
+            return None
+        until_ms = since_ms + 2 * self.delivery_timeout_ms + CLOCK_SKEW_MS
+        for lo, hi, asked, seen in self._spans:
+            if asked == part and lo <= from_ms and until_ms <= hi:
+                return seen
+        lo, hi = from_ms - SPAN_SLACK_MS, until_ms + SPAN_SLACK_MS
+        seen = set()
+        self._read(self._starts(lo), until_ms=hi, parts=(part,), into=seen)
+        self._spans.append((lo, hi, part, seen))
+        return seen
 
     def close(self) -> None:
         with self._lock:
@@ -136,13 +170,25 @@ class OutputLog:
             starts[tp.partition] = tp.offset
         return starts
 
-    def _read(self, starts: dict[int, int]) -> None:
-        """Read each output partition from its start to the end its fetch reports."""
+    def _read(
+        self,
+        starts: dict[int, int],
+        *,
+        until_ms: int | None = None,
+        parts: tuple[bytes, ...] | None = None,
+        into: set[bytes] | None = None,
+    ) -> None:
+        """Read each output partition from its start to the end its fetch reports (or to
+        its first record stamped after ``until_ms``: a closed read, which leaves the
+        open read's positions alone), keeping the identities of ``parts``' outputs."""
         consumer = self._client()
         consumer.assign([TopicPartition(self.topic, p, o) for p, o in starts.items()])
         pending = set(starts)
-        self._next.update(starts)
-        parts = self._parts
+        closed = until_ms is not None
+        if not closed:
+            self._next.update(starts)
+        wanted = tuple(self._parts) if parts is None else parts
+        seen = self._seen if into is None else into
         deadline = time.monotonic() + self._timeout
         try:
             while pending:
@@ -163,9 +209,20 @@ class OutputLog:
                         if msg.offset() >= high:
                             pending.discard(p)
                         continue
-                    self._next[p] = msg.offset() + 1
+                    if closed:
+                        if p not in pending:
+                            continue  # past its range, other partitions still read
+                        stamp = msg.timestamp()[1]
+                        if stamp > until_ms:  # type: ignore[operator]
+                            pending.discard(p)
+                            consumer.pause([TopicPartition(self.topic, p)])
+                            continue
+                    else:
+                        self._next[p] = msg.offset() + 1
                     for name, value in msg.headers() or ():
-                        if name == OUTPUT_HEADER and any(map(value.startswith, parts)):
-                            self._seen.add(value)
+                        if name == OUTPUT_HEADER and value.startswith(wanted):
+                            seen.add(value)
         finally:
+            if closed:  # a paused partition would stay paused in the next read
+                consumer.resume([TopicPartition(self.topic, p) for p in starts])
             consumer.unassign()

@@ -9,8 +9,11 @@ worker on today's code and counts the outputs.
 - ``all``: both outputs landed: nothing is sent again;
 - ``part``: the first of two landed: only the second is sent;
 - ``none``: none landed: it is sent once;
-- ``old``: it landed, but the action finished longer ago than ``output_scan_window``: it
-  is sent again (documented; the read of the output topic is bounded in time);
+- ``old``: it landed when the action finished, two hours ago, longer ago than
+  ``output_scan_window``: found by a read of the output topic around that time, not
+  sent again (before the nineteenth round it was sent again);
+- ``late``: an action of two hours ago whose output a recovery sent again just now: the
+  read around its finish does not reach it, and it is sent once more (documented);
 - ``fresh``: no journal: the action runs, its output is sent once.
 """
 
@@ -35,7 +38,15 @@ pytestmark = pytest.mark.broker
 APP = "tests.apps.outputs_app:app"
 ACTION = "Emitter.emit#0"
 # input -> (outputs the action emitted, how many reached the output topic, finished ago s)
-SCENARIOS = {"all": (2, 2, 5), "part": (2, 1, 5), "none": (1, 0, 5), "old": (1, 1, 7200)}
+SCENARIOS = {
+    "old": (1, 1, 7200),  # first: a real topic holds its output before the later ones
+    "all": (2, 2, 5),
+    "part": (2, 1, 5),
+    "none": (1, 0, 5),
+    "late": (1, 1, 7200),
+}
+# when each landed output was produced, if not as its action finished
+SENT_NOW = {"late"}
 
 
 def output(key: str, j: int) -> bytes:
@@ -64,16 +75,21 @@ def test_outputs_found_in_the_output_topic_are_not_sent_again(
         )
         for j in range(landed):  # what the dead worker got into the output topic
             identity = f"{app_id}/{source}/0/{offsets[key]}/{ACTION}/{done.finished_ms}/{j}"
+            stamp = now_ms if key in SENT_NOW else done.finished_ms + 20
             producer.produce(
-                out, outputs[j], key.encode(), headers=[("x-agents-stream-output", identity)]
+                out,
+                outputs[j],
+                key.encode(),
+                headers=[("x-agents-stream-output", identity)],
+                timestamp=stamp,
             )
-    assert producer.flush(30) == 0
+        assert producer.flush(30) == 0  # in this order in the topic
 
     worker = worker_factory(APP, {"AS_APP_ID": app_id, "AS_INPUT": source, "AS_OUTPUT": out})
     expected = Counter(
         {("all", 0): 1, ("all", 1): 1, ("part", 0): 1, ("part", 1): 1, ("none", 0): 1}
     )
-    expected.update({("old", 0): 2, ("fresh", 0): 1})
+    expected.update({("old", 0): 1, ("late", 0): 2, ("fresh", 0): 1})
     wait_for_records(broker.bootstrap, out, sum(expected.values()), timeout=60)
     time.sleep(3)  # anything sent twice would follow within this
     records = read_topic(broker.bootstrap, out)
@@ -86,8 +102,8 @@ def test_outputs_found_in_the_output_topic_are_not_sent_again(
     assert (run, tail) == (f"{app_id}/{source}/0/{offsets['fresh']}/{ACTION}", "0")
     assert abs(int(finished) - time.time() * 1000) < 120_000
     assert worker.terminate() == 0, worker.log()
-    # all 2 + part 1 found; part 1 + none 1 + old 1 sent (the stop line's counters)
-    assert "outputs_found=3" in worker.log() and "outputs_resent=3" in worker.log()
+    # all 2 + part 1 + old 1 found; part 1 + none 1 + late 1 sent (the stop line's counters)
+    assert "outputs_found=4" in worker.log() and "outputs_resent=3" in worker.log()
 
 
 def test_output_log_reads_again_only_when_it_may_have_missed_something(broker, topic_factory):
@@ -100,11 +116,15 @@ def test_output_log_reads_again_only_when_it_may_have_missed_something(broker, t
     create_topics(broker.bootstrap, [out], partitions=2)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 3})
 
-    def sent(done: ActionDone, j: int) -> None:
+    def sent(done: ActionDone, j: int, stamp: int = 0, topic: str = out) -> None:
         ref = done.ref
         identity = f"app/{ref.topic}/{ref.partition}/{ref.seq}/{ref.action}/{done.finished_ms}/{j}"
         producer.produce(
-            out, b"{}", ref.key.encode(), headers=[("x-agents-stream-output", identity)]
+            topic,
+            b"{}",
+            ref.key.encode(),
+            headers=[("x-agents-stream-output", identity)],
+            timestamp=stamp,
         )
         assert producer.flush(10) == 0
 
@@ -124,9 +144,26 @@ def test_output_log_reads_again_only_when_it_may_have_missed_something(broker, t
         # the same input record run again later (a recreated topic reusing the offset)
         assert found.landed(dataclasses.replace(a, finished_ms=now + 1), [0, 1]) == []
         old = dataclasses.replace(a, finished_ms=now - 700_000)
-        assert found.landed(old, [0, 1]) == []  # out of the window
+        assert found.landed(old, [0, 1]) == []  # its outputs are not there
+
         other = OutputLog(broker.bootstrap, out, "other-app", window_s=600)
         assert other.landed(a, [0, 1]) == []  # another app's identities differ
         other.close()
     finally:
         found.close()
+
+    # Older than the window: looked up around when it finished (its outputs were stamped
+    # then, ahead of later ones in the partition), not from then to the end.
+    old_out = topic_factory("old-out")
+    create_topics(broker.bootstrap, [old_out], partitions=1)
+    old = ActionDone(ActionRef("k", 6, ACTION, 0, "in"), finished_ms=now - 7_200_000)
+    sent(old, 1, stamp=old.finished_ms + 5, topic=old_out)
+    sent(b, 0, topic=old_out)  # stamped now: past the read's range
+    aged = OutputLog(broker.bootstrap, old_out, "app", window_s=600)
+    unbounded = OutputLog(broker.bootstrap, old_out, "app", window_s=600, delivery_timeout=None)
+    try:
+        assert aged.landed(old, [0, 1]) == [1]
+        assert unbounded.landed(old, [0, 1]) == []  # no delivery timeout: no bound, no read
+    finally:
+        aged.close()
+        unbounded.close()

@@ -44,7 +44,7 @@ from pyspark.sql import functions as F
 from ...app import App
 from ...errors import ConfigurationError
 from ...kafka.admin import TopicAdmin, compacted
-from ...kafka.config import producer_config
+from ...kafka.config import delivery_timeout_ms, producer_config
 from ...runtime.output_log import OutputLog
 from ...serde.journal import default_journal_codec
 from ..frames.action_state import compact
@@ -323,6 +323,7 @@ def _emit(
 ) -> None:
     conf = producer_config(bootstrap)
     window_s, registry = app.output_scan_window, app.schema_registry_url
+    delivery_timeout = delivery_timeout_ms(conf)
 
     def send(rows: Any) -> None:
         from pyspark import TaskContext
@@ -331,7 +332,9 @@ def _emit(
         context = TaskContext.get()
         if context is not None and context.attemptNumber() > 0 and window_s > 0:
             # A retried attempt: its predecessor may have sent some of these outputs.
-            already = OutputLog(bootstrap, topic, app_id, window_s=window_s)
+            already = OutputLog(
+                bootstrap, topic, app_id, window_s=window_s, delivery_timeout=delivery_timeout
+            )
             codec = default_journal_codec(registry, state_topic)
         try:
             emit_rows(

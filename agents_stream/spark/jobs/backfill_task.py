@@ -50,6 +50,7 @@ from ...durable.pool import CodeBlockPool
 from ...durable.runner import ActionRunner, RecordInput
 from ...errors import KafkaIOError
 from ...host.kit import DurableHost
+from ...kafka.config import delivery_timeout_ms, producer_config
 from ...runtime.output_log import OutputLog
 from ...serde.journal import default_journal_codec
 from ...serde.values import JsonValueCodec
@@ -135,7 +136,13 @@ def run_partition(
         # An ActionDone not marked emitted may have its outputs in the topic already (a
         # worker died after they were acked): those are not sent again.
         held.output_log = OutputLog(
-            task.bootstrap, binding.output, task.app_id, window_s=task.app.output_scan_window
+            task.bootstrap,
+            binding.output,
+            task.app_id,
+            window_s=task.app.output_scan_window,
+            delivery_timeout=delivery_timeout_ms(
+                producer_config(task.bootstrap, task.app.producer_config)
+            ),
         )
     # A thread for each record that may be in a code block at once (started on demand).
     threads = max(task.concurrency, task.app.code_block_threads)

@@ -124,3 +124,12 @@ def test_spark_source_options_carry_the_common_config() -> None:
     assert parsed.kafka_conf["client.id"] == "per-read"  # explicit options win
     assert parsed.consumer_conf("reader")["sasl.password"] == SECRET
     assert SECRET not in repr(parsed)
+
+
+def test_delivery_timeout_follows_librdkafka() -> None:
+    from agents_stream.kafka.config import delivery_timeout_ms
+
+    assert delivery_timeout_ms({}) == 300_000  # librdkafka's default
+    assert delivery_timeout_ms({"message.timeout.ms": 45_000}) == 45_000  # the alias
+    assert delivery_timeout_ms({"delivery.timeout.ms": "60000"}) == 60_000
+    assert delivery_timeout_ms({"delivery.timeout.ms": 0}) is None  # retries forever
