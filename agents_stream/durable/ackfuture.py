@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from typing import Any, TypeVar
@@ -61,6 +62,11 @@ class AckFuture(Future[T]):
     def _wait(self, timeout: float | None) -> None:
         if self._ack_state == _DONE:
             return
+        if _servers:
+            serve = _servers.get(threading.get_ident())
+            if serve is not None:
+                self._serve_until_done(serve, timeout)
+                return
         with _LOCK:  # among waiting threads only: the resolver never takes it
             if self._event is None:
                 self._event = threading.Event()
@@ -71,6 +77,16 @@ class AckFuture(Future[T]):
             return
         if not event.wait(timeout):
             raise TimeoutError()
+
+    def _serve_until_done(self, serve: list[Serve], timeout: float | None) -> None:
+        """This thread serves delivery reports (an event loop's, see
+        ``AckingProducer.serve_on``): blocked here, nobody else would resolve this."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._ack_state != _DONE:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError()
+            for one in serve:
+                one(0.005)
 
     def result(self, timeout: float | None = None) -> T:
         self._wait(timeout)
@@ -129,6 +145,31 @@ class AckFuture(Future[T]):
             fn(self)
         except Exception:  # as the stock Future: a callback's bug is logged, not raised
             log.exception("exception calling callback for %r", self)
+
+
+Serve = Callable[[float], None]
+# Threads that serve delivery reports between other work (an event loop's thread): a
+# blocking wait for an ack there polls for them (``serve(timeout)``) instead of sleeping.
+_servers: dict[int, list[Serve]] = {}
+
+
+def serve_while_blocked(thread: threading.Thread, serve: Serve) -> None:
+    """Have a blocking :meth:`AckFuture.result` on ``thread`` call ``serve(timeout)``
+    until it is resolved (``thread`` is the only one serving some producer's reports)."""
+    ident = thread.ident
+    if ident is None:
+        raise RuntimeError(f"{thread.name} has not started")
+    serves = _servers.setdefault(ident, [])
+    if serve not in serves:
+        serves.append(serve)
+
+
+def stop_serving_while_blocked(thread: threading.Thread, serve: Serve) -> None:
+    serves = _servers.get(thread.ident or -1, [])
+    if serve in serves:
+        serves.remove(serve)
+    if not serves:
+        _servers.pop(thread.ident or -1, None)
 
 
 def then(first: Future[None], step: Callable[[], Future[None]]) -> Future[None]:

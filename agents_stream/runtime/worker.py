@@ -115,6 +115,7 @@ class Worker(CommitProtocol, Rebalancing):
         self.max_in_flight = max_in_flight or app.max_in_flight
         self.exit_code = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
         self._kafka = ThreadPoolExecutor(1, thread_name_prefix="agents-stream-kafka")
         self._pool = CodeBlockPool(code_block_threads or app.code_block_threads)
@@ -218,6 +219,10 @@ class Worker(CommitProtocol, Rebalancing):
         )
         assert self.kit.producer is not None and self.kit.dlq is not None
         self.producer = self.kit.producer
+        # Reports served between the loop's callbacks, not by a thread contending for
+        # the GIL with it (kafka/producer.py).
+        assert self._loop is not None and self._loop_thread is not None
+        self.producer.serve_on(self._loop, self._loop_thread)
         self.dlq = self.kit.dlq
         self.store: KafkaActionStateStore | None = self.kit.kafka_store if app.agents else None
         self.controller = ExecutionController(self.max_in_flight, epoch_mode=app.epoch_mode)
@@ -289,6 +294,7 @@ class Worker(CommitProtocol, Rebalancing):
     # -- main loop ----------------------------------------------------------------------
     async def run_async(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.current_thread()
         self._stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:

@@ -1,0 +1,84 @@
+"""``AckingProducer.serve_on``: delivery reports served by an event loop's thread (as the
+worker does) instead of a poll thread, against the real broker.
+
+What must hold: every send is acked and its future resolved; ack hooks still see a
+poll's acks before the futures resolve; a blocking ``result()`` on the loop's thread
+does not deadlock (nobody else would serve the report it waits for); a send while the
+loop idles wakes it; ``close()`` from another thread, as the worker's shutdown calls it,
+delivers everything; a poll thread already running hands over."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from agents_stream.durable.acks import acked
+from agents_stream.kafka.config import producer_config
+from agents_stream.kafka.producer import Ack, AckingProducer
+from agents_stream.testing.topics import create_topics, read_topic
+
+pytestmark = pytest.mark.broker
+
+
+def test_a_loop_serves_reports_and_blocking_waits_on_it_do_not_deadlock(broker, topic_factory):
+    topic = topic_factory("served")
+    create_topics(broker.bootstrap, [topic], partitions=2)
+    producer = AckingProducer(producer_config(broker.bootstrap))
+    hooked: list[int] = []
+    resolved_before_hook: list[bool] = []
+    futures = []
+
+    def hook(acks: list[Ack]) -> None:
+        hooked.extend(a.offset for a in acks)
+        resolved_before_hook.extend(a.future.done() for a in acks)
+
+    producer.on_acked(topic, hook)
+
+    async def main() -> None:
+        producer.serve_on(asyncio.get_running_loop(), threading.current_thread())
+        for n in range(200):
+            futures.append(producer.send(topic, b"%d" % n, key=b"k%d" % (n % 7), partition=n % 2))
+        await asyncio.gather(*(acked(f) for f in futures))
+        assert threading.current_thread() is producer._server  # no poll thread started
+        assert producer._thread is None
+        # A blocking wait on the serving thread serves the report itself.
+        producer.send(topic, b"blocking", partition=0).result(timeout=30)
+        # Idle (nothing in flight): the loop sleeps until a send kicks it.
+        await asyncio.sleep(0.2)
+        assert producer._idle
+        kicked = producer.send(topic, b"after idle", partition=1)
+        assert not producer._idle  # the send woke the serving task
+        await acked(kicked)
+        # Shutdown as the worker does it: close() on another thread, the loop running.
+        last = producer.send(topic, b"last", partition=0)
+        await asyncio.get_running_loop().run_in_executor(None, producer.close)
+        assert last.done() and last.exception() is None
+
+    asyncio.run(main())
+    assert all(f.exception() is None for f in futures)
+    assert not any(resolved_before_hook)  # hooks ran first, as with the poll thread
+    assert len(read_topic(broker.bootstrap, topic)) == 203
+    # The loop's thread no longer serves this producer when blocked.
+    from agents_stream.durable import ackfuture
+
+    assert producer._serve_once not in ackfuture._servers.get(threading.get_ident(), [])
+
+
+def test_a_running_poll_thread_hands_over_to_the_loop(broker, topic_factory):
+    topic = topic_factory("handover")
+    create_topics(broker.bootstrap, [topic], partitions=1)
+    producer = AckingProducer(producer_config(broker.bootstrap))
+    producer.send(topic, b"before", partition=0).result(timeout=30)  # poll thread serves
+    poller = producer._thread
+    assert poller is not None and poller.is_alive()
+
+    async def main() -> None:
+        producer.serve_on(asyncio.get_running_loop(), threading.current_thread())
+        assert not poller.is_alive()
+        await acked(producer.send(topic, b"after", partition=0))
+        await asyncio.get_running_loop().run_in_executor(None, producer.close)
+
+    asyncio.run(main())
+    assert [r.value for r in read_topic(broker.bootstrap, topic)] == [b"before", b"after"]
