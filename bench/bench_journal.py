@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -177,6 +178,8 @@ async def main_async(records: int, concurrency: int, rounds: int, per_record: bo
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as data_dir:
         create_topic(broker.bootstrap, TOPIC, PARTITIONS, compact=True)
         producer = AckingProducer(producer_config(broker.bootstrap))
+        # As in the worker: this loop serves the delivery reports (no poll thread).
+        producer.serve_on(asyncio.get_running_loop(), threading.current_thread())
         store = TimedStore(
             topic=TOPIC,
             producer=producer,
