@@ -37,6 +37,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
@@ -268,7 +269,14 @@ class DurableAgent:
             return self.handler
         async with self._start_lock:
             if self.handler is None:
-                self.handler = await asyncio.to_thread(self._build)
+                handler = await asyncio.to_thread(self._build)
+                if self.producer is not None and self.concurrency > 1:
+                    # Many records in flight: Faust's loop serves the delivery reports,
+                    # as the worker's does (no poll thread taking the GIL from it,
+                    # kafka/producer.py). One at a time is bound by each ack's latency,
+                    # which the poll thread's immediate wake-up keeps lower.
+                    self.producer.serve_on(asyncio.get_running_loop(), threading.current_thread())
+                self.handler = handler
         return self.handler
 
     def _build(self) -> FaustRecordHandler:
