@@ -29,7 +29,9 @@ faust_app = faust.App(
 orders = faust_app.topic("orders", value_serializer="json")
 
 # A regular Faust agent of the same app keeps working alongside the durable one.
-payments = durable_agent(faust_app, Payments, topic=orders, output="receipts")
+# concurrency: up to 64 orders in flight, distinct customers at once, each customer's
+# orders in order (the payment API call takes time; one at a time would wait for each).
+payments = durable_agent(faust_app, Payments, topic=orders, output="receipts", concurrency=64)
 
 
 if __name__ == "__main__":

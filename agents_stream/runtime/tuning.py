@@ -2,9 +2,11 @@
 that measure its path use the same ones.
 
 * GIL switch interval 200 us (Python's default 5 ms; ``AGENTS_STREAM_GIL_SWITCH_US``):
-  while the event loop is busy, every other thread on a record's path (the producer's
-  poll thread resolving journal acks, the Kafka thread, code-block threads) waits up to
-  one interval for the GIL each time it needs it. Measured with ``bench_journal.py`` (500
+  while the event loop is busy, every other thread on a record's path (the Kafka thread,
+  code-block threads; the producer's poll thread where a host keeps one: the worker's
+  loop serves delivery reports itself) waits up to one interval for the GIL each time it
+  needs it. Since the loop serves the reports, 200 us / 1 ms / 5 ms drained a 1-call
+  backlog alike (three interleaved rounds, within the noise). Measured with ``bench_journal.py`` (500
   records in flight), journal ack latency p50 / p99 under load: 9.2-19 / 11-36 ms at
   1 ms, 3.5-7.7 / 8-23 ms at 200 us, 3.6-4.3 / 7-13 ms at 50 us (idle: 2.5 ms). Shorter
   intervals cost throughput (smaller bursts of acks per switch, more switches): against
