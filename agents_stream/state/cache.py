@@ -3,6 +3,15 @@
 Keys are ActionState record keys (:mod:`agents_stream.durable.keys`); values the raw
 record values; one write batch per applied batch of records. The cache remembers the
 next topic offset it reflects (its checkpoint), so that a rebuild replays only the tail.
+
+Nothing is written through RocksDB's write-ahead log: every entry comes from an
+acknowledged ActionState record, so the topic is the log (as a Kafka Streams store's
+changelog is). Each write batch holds its own checkpoint and memtables flush whole and in
+order, so a process killed with entries still in memory reopens a consistent prefix (the
+entries up to a flushed checkpoint) and the next rebuild replays the rest from the topic.
+Memtables are flushed at least every ``FLUSH_EVERY_S`` seconds, which bounds that replay
+far below how long a compacted topic keeps a tombstone (``delete.retention.ms``, a day
+by default), and on close.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ INDEX_RELOAD_AFTER = 10.0  # seconds between attempts to index again once past t
 # instead of a split (a rebuild applies every record of the topic).
 _LEGACY = re.compile(rb"[cat]\x1f[^\x1f]*\x1f(?!-)[^\x1f]*\x1f[^\x1f#]*#")
 
+
+FLUSH_EVERY_S = 30.0
 
 MEMORY_ENV = "AGENTS_STREAM_CACHE_MEMORY_MB"
 DEFAULT_MEMORY_MB = 64
@@ -106,6 +117,7 @@ class PartitionCache:
             self.db[LEGACY_KEY] = flag
         self.has_legacy = flag == b"1"
         self._unsettled = False  # replayed batches not flushed yet
+        self._flush_due: float | None = None  # live writes in memory only: flush by then
         self._checkpoint = self._read_checkpoint()  # only apply() and clear() change it
         self._index_slots = index_slots
         self._dropped_at: float | None = None  # when the index was dropped past its limit
@@ -216,12 +228,10 @@ class PartitionCache:
     ) -> None:
         """Write ``records`` (None: delete) and move the checkpoint, in one write batch.
 
-        ``replay`` (a rebuild) skips RocksDB's write-ahead log, a third of the write's
-        cost: each batch holds its own checkpoint and memtables flush whole and in order,
-        so a crash loses a suffix of batches together with their checkpoint, and the next
-        rebuild replays them. :meth:`settle` must persist the replayed batches before the
-        next logged write: a log replayed over a lost memtable would keep that write
-        (and its later checkpoint) without the records before it."""
+        No write goes through RocksDB's write-ahead log (a third of a write's cost, see
+        the module docstring): a crash loses a suffix of batches together with their
+        checkpoint, and the next rebuild replays them from the topic. ``replay`` (a
+        rebuild) drops the index, which :meth:`settle` loads again."""
         live = self._slots
         if replay:
             self._slots = live = None  # loaded once by settle(): cheaper than noting writes
@@ -306,9 +316,22 @@ class PartitionCache:
         else:
             if self._unsettled:
                 self.settle()
-            self.db.write(batch)
+            self.db.write(batch, _UNLOGGED)
+            if self._flush_due is None:
+                self._flush_due = time.monotonic() + FLUSH_EVERY_S
         self._checkpoint = max(self._checkpoint, next_offset)
         self.has_legacy = legacy
+
+    def flush_if_due(self, now: float) -> bool:
+        """Start flushing the memtables (in RocksDB's background) if live writes have
+        been in memory only for ``FLUSH_EVERY_S``; whether it did. Never while another
+        thread writes or closes this cache (the store's lock)."""
+        due = self._flush_due
+        if due is None or now < due:
+            return False
+        self._flush_due = None
+        self.db.flush(wait=False)
+        return True
 
     def settle(self) -> None:
         """Persist what :meth:`apply` wrote with ``replay`` (flush the memtable); index
@@ -391,6 +414,8 @@ class PartitionCache:
         return out
 
     def close(self) -> None:
+        # RocksDB flushes unlogged memtables when it closes; said here, not assumed.
+        self.db.flush(wait=True)
         self.db.close()
 
     def destroy(self) -> None:

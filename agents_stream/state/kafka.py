@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -30,7 +31,7 @@ from ..durable.journal import (
 from ..durable.store import ActionStateStore, all_of
 from ..kafka.producer import Ack, AckingProducer
 from ..serde.journal import JournalCodec
-from .cache import PartitionCache
+from .cache import FLUSH_EVERY_S, PartitionCache
 from .recovery import rebuild_partitions
 
 log = logging.getLogger("agents_stream.state")
@@ -67,6 +68,8 @@ class KafkaActionStateStore(ActionStateStore):
         # rebuild is done (see assign).
         self._assigning: dict[int, list[tuple[list[tuple[bytes, bytes | None]], int]]] = {}
         self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._flusher: threading.Thread | None = None
         producer.on_acked(topic, self._on_acked)
 
     # -- partition lifecycle ----------------------------------------------------------
@@ -103,6 +106,7 @@ class KafkaActionStateStore(ActionStateStore):
             for cache in caches.values():
                 cache.close()
             raise
+        self._start_flusher()
         with self._lock:
             for p in wanted:
                 # A suffix of the partition's acks, in offset order: applied after the
@@ -288,7 +292,40 @@ class KafkaActionStateStore(ActionStateStore):
                     continue  # else revoked: the next owner replays it from the topic
                 cache.apply(records, max(a.offset for a in group) + 1)
 
+    # -- persistence of the caches ---------------------------------------------------------
+    # The caches write nothing to RocksDB's write-ahead log (see state/cache.py): their
+    # memtables are flushed at least every FLUSH_EVERY_S, also when no write comes to
+    # trigger it (an idle worker), so that a crash never needs a replay reaching back to
+    # tombstones compaction may have dropped. On a thread of its own, not a host's loop:
+    # every host (worker, Faust, Spark backfill) gets it.
+    def _start_flusher(self) -> None:
+        with self._lock:
+            if self._flusher is not None or self._closed.is_set():
+                return
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="agents-stream-cache-flush", daemon=True
+            )
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(FLUSH_EVERY_S / 4):
+            self.flush_due()
+
+    def flush_due(self) -> int:
+        """Start flushing the caches whose live writes are older than FLUSH_EVERY_S;
+        how many. Under the lock revoke() closes a cache with."""
+        now = time.monotonic()
+        flushed = 0
+        with self._lock:
+            for partition, cache in self._caches.items():
+                try:
+                    flushed += cache.flush_if_due(now)
+                except Exception as exc:  # the next round tries again; a crash replays
+                    log.warning("flushing the cache of partition %d: %s", partition, exc)
+        return flushed
+
     def close(self) -> None:
+        self._closed.set()
         with self._lock:  # as revoke(): not while the ack hook writes
             caches, self._caches = list(self._caches.values()), {}
             for cache in caches:

@@ -49,7 +49,7 @@ def test_timer_firings_do_not_flag_the_partition_legacy(tmp_path: Path) -> None:
     assert PartitionCache(tmp_path / "p0").has_legacy
 
 
-def test_replayed_batches_are_settled_before_a_logged_write(tmp_path: Path) -> None:
+def test_replayed_batches_are_settled_before_a_live_write(tmp_path: Path) -> None:
     cache = PartitionCache(tmp_path / "p0")
     cache.apply([(b"a\x1fk\x1f1\x1forders\x1fA.f#0", b"x")], 1, replay=True)
     assert cache._unsettled

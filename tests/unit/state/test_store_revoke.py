@@ -119,3 +119,42 @@ def test_an_ack_arriving_while_the_partition_is_assigned_reaches_its_cache(
     assert cache.checkpoint == 6
     assert store._assigning == {}
     store.close()
+
+
+def test_an_idle_store_flushes_its_caches_on_its_own_and_never_a_closed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes skip RocksDB's log: the store's flusher persists them once due, even when
+    no later write comes (an idle worker), under the lock a revoke closes a cache with."""
+    from agents_stream.state import cache as cache_module
+    from agents_stream.state import kafka as kafka_module
+
+    monkeypatch.setattr(cache_module, "FLUSH_EVERY_S", 0.05)
+    monkeypatch.setattr(kafka_module, "FLUSH_EVERY_S", 0.05)
+    store = _store(tmp_path)
+    real = cache_module.PartitionCache(tmp_path / "p0")
+    flushed = threading.Event()
+    flush = real.flush_if_due
+
+    def noted(now: float) -> bool:
+        done = flush(now)
+        if done:
+            flushed.set()
+        return done
+
+    real.flush_if_due = noted  # type: ignore[method-assign]
+    store._caches[0] = real
+    store._start_flusher()
+    store._on_acked([_ack(0, 4)])
+    assert flushed.wait(5), "an idle store never flushed its cache"
+    store.revoke(0)
+    flushed.clear()
+    store._on_acked([_ack(0, 5)])  # revoked: skipped, and nothing left to flush
+    assert not flushed.wait(0.3)
+    store.close()
+    assert store._flusher is not None
+    store._flusher.join(5)
+    assert not store._flusher.is_alive()
+    reopened = cache_module.PartitionCache(tmp_path / "p0")
+    assert reopened.checkpoint == 5 and reopened.db.get(b"k") == b"v"
+    reopened.close()
