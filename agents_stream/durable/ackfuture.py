@@ -153,23 +153,56 @@ Serve = Callable[[float], None]
 _servers: dict[int, list[Serve]] = {}
 
 
-def serve_while_blocked(thread: threading.Thread, serve: Serve) -> None:
-    """Have a blocking :meth:`AckFuture.result` on ``thread`` call ``serve(timeout)``
-    until it is resolved (``thread`` is the only one serving some producer's reports)."""
+def _register(table: dict[int, list[Any]], thread: threading.Thread, serve: Any) -> None:
     ident = thread.ident
     if ident is None:
         raise RuntimeError(f"{thread.name} has not started")
-    serves = _servers.setdefault(ident, [])
+    serves = table.setdefault(ident, [])
     if serve not in serves:
         serves.append(serve)
 
 
-def stop_serving_while_blocked(thread: threading.Thread, serve: Serve) -> None:
-    serves = _servers.get(thread.ident or -1, [])
+def _unregister(table: dict[int, list[Any]], thread: threading.Thread, serve: Any) -> None:
+    serves = table.get(thread.ident or -1, [])
     if serve in serves:
         serves.remove(serve)
     if not serves:
-        _servers.pop(thread.ident or -1, None)
+        table.pop(thread.ident or -1, None)
+
+
+def serve_while_blocked(thread: threading.Thread, serve: Serve) -> None:
+    """Have a blocking :meth:`AckFuture.result` on ``thread`` call ``serve(timeout)``
+    until it is resolved (``thread`` is the only one serving some producer's reports)."""
+    _register(_servers, thread, serve)
+
+
+def stop_serving_while_blocked(thread: threading.Thread, serve: Serve) -> None:
+    _unregister(_servers, thread, serve)
+
+
+# Per serving thread: serve reports now if the last round is over a poll interval old.
+_due: dict[int, list[Callable[[], None]]] = {}
+
+
+def serve_when_due(thread: threading.Thread, serve: Callable[[], None]) -> None:
+    """Have :func:`serve_due` on ``thread`` call ``serve()``."""
+    _register(_due, thread, serve)
+
+
+def stop_serving_when_due(thread: threading.Thread, serve: Callable[[], None]) -> None:
+    _unregister(_due, thread, serve)
+
+
+def serve_due() -> None:
+    """Between two pieces of a long synchronous stretch on a thread that serves delivery
+    reports (a batch starting hundreds of actions on the event loop): serve the reports
+    that are due. Otherwise every ack, and the outputs chained on it, waits for the
+    stretch to end (milliseconds under load). Does nothing on other threads."""
+    if _due:
+        serves = _due.get(threading.get_ident())
+        if serves is not None:
+            for serve in serves:
+                serve()
 
 
 def then(first: Future[None], step: Callable[[], Future[None]]) -> Future[None]:

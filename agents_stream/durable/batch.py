@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from greenlet import GreenletExit
 
 from ..errors import PartialSendError, RecordRefusedError
-from .ackfuture import then
+from .ackfuture import serve_due, then
 from .acks import acked
 from .bridge import Finished, _Bridged, release, run_coroutine_bridged, start
 from .journal import ActionDone, ActionRef
@@ -62,6 +62,9 @@ if TYPE_CHECKING:
     from .journal import MemorySnapshot
 
 Report = Callable[[int, RecordOutcome | Exception], None]
+# Every 16 actions started or resumed, delivery reports that are due are served (where
+# the loop serves them, see ackfuture.serve_due); a mask, as the check runs per record.
+_SERVE_EVERY = 15
 # Records of one group commit finished together: (index, outcome) pairs in one call.
 ReportFinished = Callable[[list[tuple[int, RecordOutcome]]], None]
 
@@ -121,6 +124,8 @@ class RecordBatch:
         loop = self._loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
         for index, record in enumerate(self._records):
+            if index & _SERVE_EVERY == _SERVE_EVERY:
+                serve_due()  # a batch starts hundreds of actions: acks meanwhile
             try:
                 self._start(index, record, context)
             except Exception as exc:  # e.g. an unreadable journal entry of this record
@@ -136,7 +141,9 @@ class RecordBatch:
                     await self._signal
                     continue
                 ready, self._ready = self._ready, []
-                for handler, arg in ready:
+                for n, (handler, arg) in enumerate(ready):
+                    if n & _SERVE_EVERY == _SERVE_EVERY:
+                        serve_due()
                     self._outstanding -= 1
                     handler(arg)
                 self._flush()

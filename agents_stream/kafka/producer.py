@@ -30,7 +30,13 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from ..durable.ackfuture import AckFuture, serve_while_blocked, stop_serving_while_blocked
+from ..durable.ackfuture import (
+    AckFuture,
+    serve_when_due,
+    serve_while_blocked,
+    stop_serving_when_due,
+    stop_serving_while_blocked,
+)
 from ..errors import KafkaIOError, RecordRefusedError
 
 AckHook = Callable[[list["Ack"]], None]
@@ -39,6 +45,9 @@ AckHook = Callable[[list["Ack"]], None]
 # at most this long for a send when none do.
 LOOP_SERVE_S = 0.001
 LOOP_IDLE_S = 0.05
+# A long synchronous stretch of the serving loop serves reports in between once the last
+# round is this old (ackfuture.serve_due): fewer, larger rounds than every LOOP_SERVE_S.
+DUE_AFTER_S = 0.003
 
 
 @dataclass
@@ -162,6 +171,8 @@ class AckingProducer:
         self._server: threading.Thread | None = None
         self._serving_done = threading.Event()
         self._idle = False  # the serving loop waits for a send (see _serve)
+        self._last_round = 0.0  # monotonic time of the serving loop's last round
+        self._in_round = False
         self._kick: asyncio.Event | None = None
 
     def observe_acks(self, hook: AckHook) -> None:
@@ -204,6 +215,7 @@ class AckingProducer:
             self._loop, self._server = loop, thread
             started = self._producer is not None
         serve_while_blocked(thread, self._serve_once)
+        serve_when_due(thread, self._serve_if_due)
         if not started:
             return
         poller = self._thread
@@ -218,10 +230,30 @@ class AckingProducer:
 
     def _serve_once(self, timeout: float = 0.0) -> int:
         assert self._producer is not None
-        served = self._producer.poll(timeout)
-        self._dispatch()
+        self._last_round = time.monotonic()
+        self._in_round = True
+        try:
+            served = self._producer.poll(timeout)
+            self._dispatch()
+        finally:
+            self._in_round = False
         self._rounds += 1
         return served
+
+    def _serve_if_due(self) -> None:
+        """A round now if the last one is over a poll interval old (``serve_due``); not
+        from inside a round (a callback of a report), which would resolve later acks
+        before the earlier ones it is resolving."""
+        producer = self._producer
+        if (
+            producer is None
+            or self._in_round
+            or self._serving_done.is_set()
+            or time.monotonic() - self._last_round < DUE_AFTER_S
+            or not len(producer)
+        ):
+            return
+        self._serve_once()
 
     async def _serve(self) -> None:
         producer = self._producer
@@ -538,6 +570,7 @@ class AckingProducer:
             self._thread.join(timeout=5)
         if self._loop is not None and self._server is not None:
             stop_serving_while_blocked(self._server, self._serve_once)
+            stop_serving_when_due(self._server, self._serve_if_due)
             started = self._producer is not None
             if started and threading.current_thread() is not self._server:
                 self._serving_done.wait(timeout=1)  # its round in progress, then it stops

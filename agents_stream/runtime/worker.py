@@ -39,6 +39,7 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
 
 from ..app import App
+from ..durable.ackfuture import serve_due
 from ..durable.journal import TimerEntry
 from ..durable.pool import CodeBlockPool
 from ..errors import ConfigurationError, KafkaIOError
@@ -369,7 +370,9 @@ class Worker(CommitProtocol, Rebalancing):
                 await asyncio.sleep(0.01)
                 continue
             msgs = await self._on_kafka(self._consume, min(slots, CONSUME_BATCH))
-            for msg in msgs:
+            for n, msg in enumerate(msgs):
+                if n & 63 == 63:
+                    serve_due()  # hundreds of records dispatched: acks meanwhile
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:

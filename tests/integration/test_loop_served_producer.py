@@ -82,3 +82,75 @@ def test_a_running_poll_thread_hands_over_to_the_loop(broker, topic_factory):
 
     asyncio.run(main())
     assert [r.value for r in read_topic(broker.bootstrap, topic)] == [b"before", b"after"]
+
+
+def test_a_long_synchronous_stretch_of_the_loop_serves_due_reports_in_order(broker, topic_factory):
+    """A batch starting hundreds of actions holds the loop for milliseconds: ``serve_due``
+    between its pieces resolves the acks that came back meanwhile (before, every ack of
+    the stretch waited for its end). Never from inside a round: a callback calling it
+    must not resolve later acks before the earlier ones being resolved."""
+    import time
+
+    from agents_stream.durable.ackfuture import serve_due
+
+    topic = topic_factory("due")
+    create_topics(broker.bootstrap, [topic], partitions=1)
+    producer = AckingProducer(producer_config(broker.bootstrap))
+    order: list[int] = []
+    nested: list[int] = []
+
+    async def main() -> None:
+        producer.serve_on(asyncio.get_running_loop(), threading.current_thread())
+        await acked(producer.send(topic, b"warm-up", partition=0))
+        futures = []
+        for n in range(50):
+            fut = producer.send(topic, b"%d" % n, partition=0)
+
+            def noted(_: object, n: int = n) -> None:
+                order.append(n)
+                before = len(order)
+                serve_due()  # from inside a round: must not serve another one
+                nested.append(len(order) - before)
+
+            fut.add_done_callback(noted)
+            futures.append(fut)
+        # The loop never yields here: only serve_due() can resolve anything.
+        deadline = time.monotonic() + 30
+        while not all(f.done() for f in futures) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+            serve_due()
+        assert all(f.done() for f in futures), "acks waited for the stretch to end"
+        await asyncio.get_running_loop().run_in_executor(None, producer.close)
+
+    asyncio.run(main())
+    assert order == list(range(50))
+    assert set(nested) == {0}
+    serve_due()  # unregistered on close: a no-op
+
+
+def test_serve_due_does_nothing_on_a_thread_that_serves_no_reports(broker, topic_factory):
+    from agents_stream.durable.ackfuture import serve_due
+
+    topic = topic_factory("due-elsewhere")
+    create_topics(broker.bootstrap, [topic], partitions=1)
+    producer = AckingProducer(producer_config(broker.bootstrap))
+    served: list[int] = []
+    real = producer._serve_once
+
+    def counted(timeout: float = 0.0) -> int:
+        served.append(threading.get_ident())
+        return real(timeout)
+
+    producer._serve_once = counted  # type: ignore[method-assign]
+
+    async def main() -> None:
+        producer.serve_on(asyncio.get_running_loop(), threading.current_thread())
+        fut = producer.send(topic, b"x", partition=0)
+        other = threading.Thread(target=serve_due)
+        other.start()
+        other.join()
+        await acked(fut)
+        await asyncio.get_running_loop().run_in_executor(None, producer.close)
+
+    asyncio.run(main())
+    assert served and set(served) == {threading.get_ident()}
