@@ -208,8 +208,9 @@ class AckingProducer:
     def serve_on(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
         """Serve delivery reports from ``loop`` (running on ``thread``) instead of a poll
         thread: a task of the loop polls every millisecond while records await their
-        reports (after every loop round while reports keep coming). A blocking wait for an ack on ``thread`` (an ``AckFuture.result()``)
-        serves them itself meanwhile. Call before :meth:`close`; if the poll thread was
+        reports (after every loop round while reports keep coming), and a long stretch
+        of the loop serves them in between (``ackfuture.serve_due``). A blocking wait for
+        an ack on ``thread`` (an ``AckFuture.result()``) serves them itself meanwhile. Call before :meth:`close`; if the poll thread was
         started already, it hands over."""
         with self._lock:
             self._loop, self._server = loop, thread
@@ -241,7 +242,7 @@ class AckingProducer:
         return served
 
     def _serve_if_due(self) -> None:
-        """A round now if the last one is over a poll interval old (``serve_due``); not
+        """A round now if the last one is over ``DUE_AFTER_S`` old (``serve_due``); not
         from inside a round (a callback of a report), which would resolve later acks
         before the earlier ones it is resolving."""
         producer = self._producer
