@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import itertools
 import logging
 import threading
 import time
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from ..agent import learn_calls_sync
 from ..events import Event, OutputEvent
+from .ackfuture import serve_due
 from .acks import acked
 from .bridge import await_, bridged, stepping
 from .callable import DurableCallable, RetryPolicy
@@ -91,6 +93,12 @@ _IN_CODE_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 _CONTEXT_LOCK = threading.Lock()
+
+# Async actions are tasks of their own: under load one loop round resumes hundreds of
+# them, each journaling its next call, and the reports that come back meanwhile waited
+# for the round to end (p50 over 5 ms). Every 16 results journaled, the loop serves the
+# reports that are due (ackfuture.serve_due; a sync action's batch does the same).
+_ASYNC_RESULTS = itertools.count()
 
 
 def _now_ms() -> int:
@@ -430,7 +438,10 @@ class RunnerContext:
                 await acked(self._append(entry))
                 raise
             entry, refusal = self._outcome(index, call, started, result, attempts + tries)
-            await acked(self._append(entry))
+            appended = self._append(entry)
+            if next(_ASYNC_RESULTS) & 15 == 15:
+                serve_due()
+            await acked(appended)
             if refusal is not None:
                 raise refusal
             return result

@@ -378,3 +378,20 @@ def test_corrupt_result_payload_names_the_slot():
         "Scoring.process#0",
         0,
     )
+
+
+def test_async_results_serve_due_reports_every_sixteen_appends(monkeypatch):
+    """Async actions are tasks of their own, and one loop round resumes hundreds of them
+    under load: their results' appends serve the delivery reports that are due now and
+    then (``ackfuture.serve_due``), as a sync action's batch does, so that acks do not
+    wait for the round to end."""
+    from agents_stream.durable import context as context_module
+
+    served: list[int] = []
+    monkeypatch.setattr(context_module, "serve_due", lambda: served.append(1))
+
+    async def action(ctx):
+        return [await ctx.execute_async(double, n) for n in range(48)]
+
+    assert asyncio.run(action(make_ctx(InMemoryActionStateStore()))) == [n * 2 for n in range(48)]
+    assert len(served) == 3  # 48 results, one serve per 16 wherever the count stands
