@@ -6,6 +6,11 @@ output topic, on one embedded broker, in one run. The rate is outputs / span of 
 records' timestamps, so group joins and process start-up do not count; ``ratio`` is
 against the raw confluent-kafka consume->produce loop of the same run, and for journaled
 agents_stream rows also against the raw journal-before-output loop (``vs journal``).
+For a single worker process the note says, from 10 % of the outputs to 90 %, the share its
+event-loop thread ran on a CPU and the share it was runnable but queued for one (Linux
+``schedstat``): together near 100 % the worker is CPU-bound on that thread (on this
+2-core machine the broker and the other threads take a core from it now and then); well
+below, it waits (for acks, the broker, other threads).
 
 The two-process row is one ``agents-stream worker --processes 2`` command (a supervisor
 and two worker processes in one group). Its workers are started first, and the backlog is
@@ -207,10 +212,27 @@ def wait_assigned(ports: list[int], procs: list[subprocess.Popen[bytes]], timeou
     return f"group not settled after {timeout:.0f}s (partitions owned: {owned})"
 
 
+def loop_cpu(proc: subprocess.Popen[bytes]) -> tuple[float, float] | None:
+    """Seconds so far that ``proc``'s main thread, where a worker runs its event loop,
+    spent on a CPU and runnable waiting for one (Linux schedstat); None without it."""
+    try:
+        running, queued, _ = Path(f"/proc/{proc.pid}/task/{proc.pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(running) / 1e9, int(queued) / 1e9
+
+
 def collect(
-    bootstrap: str, topic: str, expected: int, procs: list[subprocess.Popen[bytes]], timeout: float
-) -> tuple[int, float, str]:
-    """Count outputs until ``expected`` arrived (or no progress / a process died)."""
+    bootstrap: str,
+    topic: str,
+    expected: int,
+    procs: list[subprocess.Popen[bytes]],
+    timeout: float,
+    watch: subprocess.Popen[bytes] | None = None,
+) -> tuple[int, float, str, tuple[float, float] | None]:
+    """Count outputs until ``expected`` arrived (or no progress / a process died). With
+    ``watch`` (a worker process), also the shares of the wall time from 10 % of the
+    outputs to 90 % that its event-loop thread ran, and waited for a CPU (runnable)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -224,6 +246,8 @@ def collect(
     last_progress = time.monotonic()
     assigned = False
     error = ""
+    first_cpu: tuple[float, tuple[float, float]] | None = None
+    last_cpu: tuple[float, tuple[float, float]] | None = None
     try:
         while len(stamps) < expected and time.monotonic() < deadline:
             if not assigned:
@@ -234,11 +258,18 @@ def collect(
                 else:
                     time.sleep(0.5)
                     continue
-            batch = consumer.consume(5000, 0.5)
+            batch = consumer.consume(1000, 0.5)
             got = [m.timestamp()[1] for m in batch if not m.error()]
             if got:
                 stamps += got
                 last_progress = time.monotonic()
+                # From 10 % of the outputs to 90 %: the drain's steady state, without
+                # the start (fetching, first batches) and the tail (the last acks).
+                cpu = loop_cpu(watch) if watch is not None else None
+                if cpu is not None and len(stamps) >= expected // 10:
+                    first_cpu = first_cpu or (last_progress, cpu)
+                    if last_cpu is None or len(stamps) - len(got) < expected * 9 // 10:
+                        last_cpu = (last_progress, cpu)
             elif stamps and time.monotonic() - last_progress > 30:
                 error = f"stalled at {len(stamps)}/{expected}"
                 break
@@ -251,10 +282,17 @@ def collect(
                 error = f"timeout at {len(stamps)}/{expected}"
     finally:
         consumer.close()
+    busy = None
+    if first_cpu and last_cpu and last_cpu[0] > first_cpu[0]:
+        wall = last_cpu[0] - first_cpu[0]
+        busy = (
+            (last_cpu[1][0] - first_cpu[1][0]) / wall,
+            (last_cpu[1][1] - first_cpu[1][1]) / wall,
+        )
     if len(stamps) < 2:
-        return len(stamps), 0.0, error or "no output"
+        return len(stamps), 0.0, error or "no output", busy
     span = (max(stamps) - min(stamps)) / 1000
-    return len(stamps), len(stamps) / max(span, 1e-3), error
+    return len(stamps), len(stamps) / max(span, 1e-3), error, busy
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -282,6 +320,7 @@ def main() -> int:
         if not wanted or any(w in f"{v.name} {v.system}".lower() for w in wanted)
     ]
     rows: list[tuple[str, float, str]] = []
+    loop_busy: dict[str, tuple[float, float]] = {}
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp_dir:
         tmp = Path(tmp_dir)
         for i, variant in enumerate(variants):
@@ -295,11 +334,16 @@ def main() -> int:
                 error = wait_assigned(ports, procs, 90) if ports else ""
                 if ports and not error:
                     fill(broker.bootstrap, topic_in, records)
-                _count, rate, collect_error = (
-                    (0, 0.0, "")
+                # One worker process: how busy its event loop was (the supervisor of
+                # --processes runs no loop of its own).
+                watch = procs[0] if variant.system == "agents" and variant.processes == 1 else None
+                _count, rate, collect_error, busy = (
+                    (0, 0.0, "", None)
                     if error
-                    else collect(broker.bootstrap, topic_out, records, procs, args.timeout)
+                    else collect(broker.bootstrap, topic_out, records, procs, args.timeout, watch)
                 )
+                if busy is not None:
+                    loop_busy[variant.name] = busy
                 error = error or collect_error
             finally:
                 stop(procs)
@@ -323,6 +367,9 @@ def main() -> int:
         note = error[:60]
         if name.endswith("two processes") and single:
             note = f"{rate / single:.2f}x one process " + note
+        if name in loop_busy:
+            running, queued = loop_busy[name]
+            note = f"loop runs {running:.0%} +{queued:.0%} queued " + note
         out.append((name, rate, f"{vs_raw:.3f}", vs_journal, note))
     print(f"{records:,} records, {KEYS:,} keys, {PARTITIONS} partitions; one embedded broker")
     print(table(["system", "events/s", "vs raw loop", "vs journal", "note"], out))
