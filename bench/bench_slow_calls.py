@@ -69,7 +69,9 @@ def run_workers(records: int, latency_ms: int, timeout: float) -> list[tuple[obj
             create_topic(broker.bootstrap, topic_out, PARTITIONS)
             procs = start(variant, broker.bootstrap, topic_in, topic_out, tmp)
             try:
-                _, rate, error = collect(broker.bootstrap, topic_out, records, procs, timeout)
+                _, rate, error, _busy = collect(
+                    broker.bootstrap, topic_out, records, procs, timeout
+                )
             finally:
                 stop(procs)
             results.append((variant.name, rate, threads, error))
@@ -122,7 +124,9 @@ def run_faust(latency_ms: int, timeout: float) -> list[tuple[object, ...]]:
             procs = start(Variant("faust host", "faust-durable", env), broker.bootstrap,
                           topic_in, topic_out, tmp)  # fmt: skip
             try:
-                _, rate, error = collect(broker.bootstrap, topic_out, records, procs, timeout)
+                _, rate, error, _busy = collect(
+                    broker.bootstrap, topic_out, records, procs, timeout
+                )
             finally:
                 stop(procs)
             base = base or rate or 1.0
