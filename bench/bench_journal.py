@@ -38,7 +38,13 @@ from common import create_topic, parser, percentile, table
 
 from agents_stream.agent import Agent, action
 from agents_stream.durable.context import ContextConfig, RunnerContext
-from agents_stream.durable.journal import ActionRef, CallEntry, CallStatus, JournalEntry
+from agents_stream.durable.journal import (
+    ActionRef,
+    CallEntry,
+    CallStatus,
+    JournalEntry,
+    Tombstone,
+)
 from agents_stream.durable.payload import JSON
 from agents_stream.durable.pool import CodeBlockPool
 from agents_stream.durable.runner import ActionRunner, RecordInput
@@ -62,7 +68,7 @@ class TimedStore(KafkaActionStateStore):
 
     samples: list[float]
 
-    def append(self, entries: Sequence[JournalEntry], partition: int) -> Future[None]:
+    def append(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> Future[None]:
         started = time.perf_counter()
         fut = super().append(entries, partition)
         # Runs on the producer's poll thread right after the cache applied the acks.
@@ -200,9 +206,10 @@ async def main_async(records: int, concurrency: int, rounds: int, per_record: bo
         # Warm-up (connections, thread pool, RocksDB) on seqs no measured row uses.
         await drive(runner("async", 1, True), min(2000, records), concurrency, 10**9, per_record)
 
+        kinds: tuple[Kind, ...] = ("sync", "async")
         variants = [
             (kind, calls, journaled)
-            for kind in ("sync", "async")
+            for kind in kinds
             for calls, journaled in ((3, False), (1, True), (3, True))
         ]
         runners = {v: runner(*v) for v in variants}

@@ -102,7 +102,7 @@ def run_variant(bootstrap: str, n: int, spec: tuple[str, int] | None, records: i
     create_topic(bootstrap, topic_in, PARTITIONS)
     create_topic(bootstrap, topic_out, PARTITIONS)
     stop = threading.Event()
-    runner: Callable[[], None]
+    runner: Callable[[], object]
     if spec is None:
 
         def runner() -> None:

@@ -69,7 +69,7 @@ def write(bootstrap: str, codec: JournalCodec, records: int, partitions: int) ->
     while written < records:
         p = action % partitions
         ref = ActionRef(f"user-{action % 10_000}", action, "Scoring.process#0", p, "scoring-in")
-        entries = [
+        entries: list[CallEntry | ActionDone] = [
             CallEntry(
                 ref,
                 i,

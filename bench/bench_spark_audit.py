@@ -27,6 +27,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 from common import parser as bench_parser
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -64,7 +65,7 @@ def _entries(i: int):
             call_id=ref.call_id(APP.id, index), started_ms=started, worker_id="w1", **kw,
         )  # fmt: skip
 
-    out = []
+    out: list[CallEntry | ActionDone] = []
     if i % 20 == 0:  # an older PENDING version of slot 1, replaced below
         out.append(call(1, CallStatus.PENDING))
     out.append(call(0, CallStatus.SUCCEEDED, result=b'{"ok":1}', finished_ms=started + 5))
@@ -147,6 +148,7 @@ def python_pass(bootstrap: str, stuck_after_ms: int) -> dict[str, int]:
     stuck = 0
     for (_, key), value in live.items():
         entry = codec.decode(key, value)
+        assert isinstance(entry, CallEntry | ActionDone)  # all this bench writes
         ident = (entry.ref.key, entry.ref.seq, entry.ref.action)
         states.add(ident)
         if isinstance(entry, CallEntry):
@@ -198,10 +200,12 @@ def main() -> None:
             t0 = time.perf_counter()
             plain_read()
             plain_s = min(plain_s, time.perf_counter() - t0)
-        kwargs = dict(stuck_after_s=stuck_after_s, now_ms=NOW_MS, inputs=False, outputs=False)
+        kwargs: dict[str, Any] = dict(
+            stuck_after_s=stuck_after_s, now_ms=NOW_MS, inputs=False, outputs=False
+        )
         run_audit(spark, APP, broker.bootstrap, None, **kwargs)  # warm-up: Python workers
         best = float("inf")
-        summary: dict = {}
+        summary: dict[str, object] = {}
         for _ in range(args.repeat):
             t0 = time.perf_counter()
             summary = run_audit(spark, APP, broker.bootstrap, out, **kwargs).summary
