@@ -4,7 +4,8 @@ No test runs the benches (minutes, peers from the ``bench`` extra), yet they sha
 helpers (``bench_e2e.collect``, ``common``) and call the library's internals: a changed
 return value of ``collect`` once broke ``bench_slow_calls`` unnoticed until the next
 ``make bench``. mypy, not strict, over the scripts finds such mismatches in seconds.
-The peers' own script (``e2e/systems.py``) is left out: its types are the peers'.
+The peers' own script (``e2e/systems.py``) is left out, and other packages count as
+untyped: their types are not this repository's to keep.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ BENCH = ROOT / "bench"
 def test_bench_scripts_type_check(tmp_path: Path) -> None:
     pytest.importorskip("mypy")
     config = tmp_path / "mypy.ini"
+    # Only the scripts and the library are checked: other packages are taken as untyped
+    # (Any), or a new release's stubs (confluent-kafka's, say) would fail this test on a
+    # fresh install with nothing in the repository changed.
     config.write_text(
-        "[mypy]\npython_version = 3.11\nignore_missing_imports = True\nfollow_imports = silent\n"
+        "[mypy]\npython_version = 3.11\nignore_missing_imports = True\nfollow_imports = skip\n"
+        "\n[mypy-agents_stream.*]\nfollow_imports = silent\n"
     )
     # Named as modules, the library from this checkout (mypy cannot see an editable
     # install), the e2e scripts as the package modules the drain imports the app as.
