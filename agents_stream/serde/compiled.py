@@ -504,11 +504,12 @@ class _DecoderCompiler(_Compiler):
         else:
             raise Unsupported(f"type {k!r}")
 
-    def dec_block(self, s: Any, k: str, target: str, ind: int) -> None:
+    def block_loop(self, s: Any, k: str, ind: int) -> Any:
+        """Emits the loops over an array's or map's blocks and items, up to the item's
+        body (at ``ind + 2``); returns the item schema."""
         e = self.emit
         item = self.resolve(s["items"] if k == "array" else s["values"])
-        n, x = self.var("n"), self.var("x")
-        e(ind, f"{target} = {'[]' if k == 'array' else '{}'}")
+        n = self.var("n")
         e(ind, "while True:")
         self.read_long(n, ind + 1)
         e(ind + 1, f"if {n} == 0: break")
@@ -519,6 +520,13 @@ class _DecoderCompiler(_Compiler):
         limit = "L - p" if k == "map" or self.min_size(item) else str(1 << 20)
         e(ind + 1, f"if {n} > {limit}: raise _corrupt('block count past the end')")
         e(ind + 1, f"for _ in range({n}):")
+        return item
+
+    def dec_block(self, s: Any, k: str, target: str, ind: int) -> None:
+        e = self.emit
+        x = self.var("x")
+        e(ind, f"{target} = {'[]' if k == 'array' else '{}'}")
+        item = self.block_loop(s, k, ind)
         if k == "array":
             self.dec(item, x, ind + 2)
             e(ind + 2, f"{target}.append({x})")
@@ -742,8 +750,8 @@ class _ObjectDecoderCompiler(_DecoderCompiler):
     # raises IndexError, and after the last field the caller sees end > len(data).
     checked_lengths = False
 
-    def run(self, schema: Any) -> Decoder:
-        self.stack = []
+    def record_functions(self) -> None:
+        """One function per record type, for the records that recur."""
         for full, s in self.named.items():
             if s["type"] in ("record", "error"):
                 self.emit(0, f"def {self.fn_of[full]}(b, p, L):")
@@ -751,6 +759,9 @@ class _ObjectDecoderCompiler(_DecoderCompiler):
                 v = self.var()
                 self.dec_record(s, v, 1)
                 self.emit(1, f"return {v}, p")
+
+    def run(self, schema: Any) -> Decoder:
+        self.record_functions()
         self.stack = [schema["name"]]
         self.emit(0, "def decode(b, p):")
         self.emit(1, "L = len(b)")
@@ -807,6 +818,117 @@ class _ObjectDecoderCompiler(_DecoderCompiler):
             cls = self.cls_of[s["name"]]
             expr = f"{cls}({', '.join(f'{n}={v}' for n, v in local.items())})"
         self.emit(ind, f"{target} = {expr}")
+
+
+class _ProjectionCompiler(_ObjectDecoderCompiler):
+    """The object decoder's walk of a record that builds only some of its fields.
+
+    Skipped fields are checked as the object decoder checks them (strings decoded as
+    UTF-8, union, enum and boolean bytes, varint widths, block counts), without building
+    anything: a body fails here exactly when it fails there. Only the top level is
+    projected; a kept field is decoded whole.
+    """
+
+    def project(self, schema: Any, keep: tuple[str, ...]) -> Decoder:
+        self.record_functions()  # kept fields may recur into them
+        self.stack = [schema["name"]]
+        self.emit(0, "def project(b, p):")
+        self.emit(1, "L = len(b)")
+        kept: dict[str, str] = {}
+        for f in schema["fields"]:
+            s = self.resolve(f["type"])
+            if f["name"] in keep:
+                kept[f["name"]] = v = self.var()
+                self.dec(s, v, 1)
+            else:
+                self.skip(s, 1)
+        if set(keep) - set(kept):
+            raise Unsupported(f"no field {sorted(set(keep) - set(kept))} in {schema['name']}")
+        self.emit(1, f"return ({''.join(kept[name] + ', ' for name in keep)}), p")
+        return self.build("project")
+
+    def skip(self, s: Any, ind: int) -> None:
+        k = self.kind(s)
+        e = self.emit
+        if k == "null":
+            return
+        if k in ("int", "long"):
+            # Continuation bits only: a varint fails past ten bytes, as _more does.
+            c = self.var("c")
+            e(ind, f"{c} = b[p]")
+            e(ind, "p += 1")
+            d = ind
+            for _ in range(9):
+                e(d, f"if {c} > 127:")
+                e(d + 1, f"{c} = b[p]")
+                e(d + 1, "p += 1")
+                d += 1
+            e(d, f"if {c} > 127: raise _corrupt('varint longer than 10 bytes')")
+        elif k in ("boolean", "enum"):
+            # The checks of dec() on a value nobody reads: cheap next to building it.
+            self.dec(s, self.var("_"), ind)
+        elif k in ("float", "double"):
+            e(ind, f"p += {4 if k == 'float' else 8}")  # past the end: the end check fails
+        elif k in ("string", "bytes"):
+            n = self.var("n")
+            e(ind, f"{n} = _LEN[b[p]]")
+            e(ind, "p += 1")
+            e(ind, f"if {n} < 0: {n}, p = _length(b, p)")
+            if k == "string":  # invalid UTF-8 fails the full decode: here too
+                end = self.var("e")
+                e(ind, f"{end} = p + {n}")
+                e(ind, f"b[p:{end}].decode()")
+                e(ind, f"p = {end}")
+            else:
+                e(ind, f"p += {n}")
+        elif k == "fixed":
+            e(ind, f"p += {s['size']}")
+            e(ind, "if p > L: raise _corrupt('length past the end')")
+        elif k in ("array", "map"):
+            item = self.block_loop(s, k, ind)
+            e(ind + 2, "pass")
+            if k == "map":
+                self.skip("string", ind + 2)
+            self.skip(item, ind + 2)
+        elif k in ("record", "error"):
+            if s["name"] in self.stack:
+                raise Unsupported(f"recursive record {s['name']}")
+            self.stack.append(s["name"])
+            e(ind, "pass")
+            for f in s["fields"]:
+                self.skip(self.resolve(f["type"]), ind)
+            self.stack.pop()
+        elif k == "union":
+            i = self.var("i")
+            e(ind, f"{i} = b[p]")
+            e(ind, "p += 1")
+            e(ind, f"if {i} > 127: {i}, p = _more(b, p, {i})")
+            for idx, branch in enumerate(self.resolve(b) for b in s):
+                e(ind, f"{'if' if idx == 0 else 'elif'} {i} == {idx << 1}:")
+                e(ind + 1, "pass")
+                self.skip(branch, ind + 1)
+            e(ind, "else: raise _corrupt('union branch index out of range')")
+        else:
+            raise Unsupported(f"type {k!r}")
+
+
+def compile_projection(
+    record: Any, keep: tuple[str, ...], bindings: Mapping[str, ObjectBinding]
+) -> ObjectDecoder | None:
+    """A decoder of some top-level fields of one record type (as
+    :func:`compile_object_codec` decodes them: nested records through ``bindings``).
+
+    ``decoder(data, offset)`` returns ``(tuple of the kept fields in the order of keep,
+    end offset)`` and raises, or returns an end past ``len(data)``, exactly where the
+    object decoder would: the caller checks ``end == len(data)`` as there. ``None`` when
+    the schema, the bindings or ``keep`` are not supported.
+    """
+    try:
+        compiler = _ProjectionCompiler(record, record_names=False)
+        _bind(compiler, bindings)
+        return compiler.project(record, keep)
+    except (Unsupported, KeyError, TypeError, RecursionError):
+        return None
 
 
 def compile_object_codec(

@@ -37,7 +37,7 @@ from ..durable.journal import (
 from ..durable.keys import decode_identity, identity_fields
 from ..errors import ConfigurationError
 from .avro import AvroSerde
-from .compiled import _V, ObjectBinding, compile_object_codec
+from .compiled import _V, ObjectBinding, ObjectDecoder, compile_object_codec, compile_projection
 from .errors import SerdeError, ValueDecodeError
 from .framing import single_object_header
 from .registry import RegistryBinding
@@ -73,6 +73,7 @@ class JournalCodec:
             # Keyed by frame + branch index: one lookup tells framing, writer and kind.
             prefix = single_object_header(serde.reader.fingerprint)
             self._fast_dec = {prefix + _V[i << 1]: dec for i, dec in decoders.items()}
+        self._projections: dict[tuple[type, tuple[str, ...]], tuple[bytes, Any] | None] = {}
         self._label = serde.reader.label
         self._flips = _emitted_flips(serde.writer.parsed)
 
@@ -143,6 +144,36 @@ class JournalCodec:
             raise _decode_error(exc.reason, key) from exc
         except (SerdeError, KeyError, TypeError, ValueError) as exc:
             raise _decode_error(f"{type(exc).__name__}: {exc}", key) from exc
+
+    def projection(
+        self, kind: type[JournalEntry], fields: tuple[str, ...]
+    ) -> tuple[bytes, ObjectDecoder] | None:
+        """A decoder of some Avro fields of one entry kind, for readers that need a few
+        fields of every record (an audit counting calls): ``(head, decoder)``.
+
+        Only for records this codec's own schema wrote: those start with ``head`` (frame
+        and union branch, 11 bytes), and ``decoder(value, 11)`` returns ``(the fields in
+        the order asked, end)``. Like the full decode it raises, or returns an end other
+        than ``len(value)``, on a body that does not decode (let :meth:`decode` say
+        why); it fails on exactly those. ``fields`` are the record's own Avro fields
+        (an entry's ref is flattened there: ``key``, ``seq``, ``action``, ``topic``...).
+        None when there is no compiled path (a registry frames the records)."""
+        name = {CallEntry: CALL, ActionDone: DONE}.get(kind)
+        if name is None or not self._fast_dec:
+            return None
+        cached = self._projections.get((kind, fields))
+        if cached is not None or (kind, fields) in self._projections:
+            return cached
+        found = None
+        branches = self.serde.reader.parsed["fields"][0]["type"]
+        for index, branch in enumerate(branches):
+            if isinstance(branch, dict) and branch.get("name") == name and index < 64:
+                decoder = compile_projection(branch, fields, _bindings())
+                if decoder is not None:
+                    head = single_object_header(self.serde.reader.fingerprint) + _V[index << 1]
+                    found = (head, decoder)
+        self._projections[(kind, fields)] = found
+        return found
 
     def current_header(self) -> bytes:
         """The frame prefix of records this codec writes without a registry (records
