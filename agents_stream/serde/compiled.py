@@ -12,6 +12,10 @@ could both take, a type fastavro might coerce) raises :class:`Misfit` and the ca
 re-encodes with fastavro, which either writes it or names what is wrong. The compiled
 decoder handles only writer == reader; any schema feature it does not know (logical types)
 makes :func:`compile_schema` return ``None``.
+
+A reader that needs only a few fields of every record (the audit counts calls by
+ActionState and status) takes a projection (:func:`compile_projection`): the object
+decoder's walk and checks, building only those fields, about twice as fast.
 """
 
 from __future__ import annotations

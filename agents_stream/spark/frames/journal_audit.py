@@ -1,7 +1,9 @@
 """The audit's one-pass view of a journal: per-partition partial results, merged on the driver.
 
 ``spark audit`` needs a handful of small tables and counts from the whole ActionState
-topic, never its rows. Every ActionState's records live in one Kafka partition (they are
+topic, never its rows (of the finished calls and completions, which are most records,
+only their ActionState and status: read through projections of the journal codec, not
+decoded whole). Every ActionState's records live in one Kafka partition (they are
 keyed by their input record's partition), so the reader that compacts and decodes a
 partition (``agents_stream.journal`` with ``journal.view=audit``) can also finish the
 per-ActionState work there and yield only what the audit shows:

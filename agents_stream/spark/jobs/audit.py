@@ -370,6 +370,11 @@ def run_audit(
     if outputs and any(b.output for b in app.agents):
         assert journal is not None
         tables["duplicate_outputs"] = _duplicate_outputs(spark, app, bootstrap, journal)
+    # Each check joins the journal with a topic read from Kafka; the summary counts it
+    # and the writer takes its head and maybe all of it: computed once, not per action.
+    joined = [tables[name] for name in ("missing_inputs", "duplicate_outputs") if name in tables]
+    for table in joined:
+        table.cache()
     # Input and output topics are read (again) by the actions of both steps below; the
     # journal is cached by then.
     topics = [b.input for b in app.agents if inputs] + [b.output for b in app.agents if outputs]
@@ -388,6 +393,8 @@ def run_audit(
             records=topic_records,
         ):
             _write(result, Path(out_dir), app)
+    for table in joined:
+        table.unpersist()
     if states is not None:
         states.unpersist()
     if journal is not None:
