@@ -375,8 +375,8 @@ def run_audit(
     joined = [tables[name] for name in ("missing_inputs", "duplicate_outputs") if name in tables]
     for table in joined:
         table.cache()
-    # Input and output topics are read (again) by the actions of both steps below; the
-    # journal is cached by then.
+    # Input and output topics are read by the summary's actions (the checks are cached
+    # from then on, the journal too).
     topics = [b.input for b in app.agents if inputs] + [b.output for b in app.agents if outputs]
     topic_records = planned_records(bootstrap, sorted({t for t in topics if t}))
     with step(spark, "audit", "summarize", records=topic_records):
