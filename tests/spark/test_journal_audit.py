@@ -29,7 +29,13 @@ from agents_stream.spark.frames.journal_audit import (
     audit_batch,
     merge_audit,
 )
-from agents_stream.spark.frames.journal_rows import decode_record
+from agents_stream.spark.frames.journal_rows import (
+    CHECK_ARROW_SCHEMA,
+    CHECK_COLUMNS,
+    check_batches,
+    decode_record,
+    journal_batch,
+)
 from agents_stream.state.keys import entry_key_bytes
 
 NOW, STUCK_AFTER = 10_000_000, 60_000
@@ -246,6 +252,27 @@ def test_one_pass_view_matches_the_journal_model(per_partition):
     assert _bag(got["truncations"], trunc_cols) == _bag(want_tables["truncations"], trunc_cols)
     bad_cols = ["partition", "offset", "key", "seq", "action", "index", "error"]
     assert _bag(got["undecodable"], bad_cols) == _bag(want_tables["undecodable"], bad_cols)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(entries, max_size=40), st.integers(0, 3))
+def test_the_checks_view_holds_the_journal_rows_columns_it_keeps(entries_, partition):
+    """What the audit's input and output checks read (projections for most records) is
+    what the journal rows say, record for record: damaged bodies, old kinds and all."""
+    msgs = _live(entries_, partition)
+    rows = journal_batch(
+        CODEC,
+        [m.k for m in msgs],
+        [m.v for m in msgs],
+        [partition] * len(msgs),
+        [m.o for m in msgs],
+        [0] * len(msgs),
+    ).to_pylist()
+    want = [{c: r[c] for c in CHECK_COLUMNS} for r in rows]
+    got = [r for b in check_batches(CODEC, msgs, partition, batch_size=7) for r in b.to_pylist()]
+    assert got == want
+    for batch in check_batches(CODEC, msgs, partition):
+        assert batch.schema == CHECK_ARROW_SCHEMA
 
 
 def test_a_partition_over_its_row_limit_yields_an_overflow_row_and_merge_refuses_it():

@@ -226,6 +226,29 @@ def read_audit_view(
     )  # fmt: skip
 
 
+def read_check_view(
+    spark: SparkSession,
+    bootstrap: str,
+    app_or_topic: App | str,
+    *,
+    starting: str | OffsetSpec = "earliest",
+    ending: str | OffsetSpec = "latest",
+    registry_url: str | None = None,
+    **options: Any,
+) -> DataFrame:
+    """Journal rows with only the columns the audit's input and output checks use
+    (:data:`~agents_stream.spark.frames.journal_rows.CHECK_COLUMNS`), each equal to
+    :func:`read_journal`'s: the calls and completions are not decoded whole.
+
+    Raises:
+        KafkaSourceOptionError: ``options`` split a partition over several readers.
+    """
+    topic, registry = _target(app_or_topic, registry_url)
+    return _journal_source(
+        spark, bootstrap, topic, registry, starting, ending, options, view="checks"
+    )
+
+
 def action_states(journal: DataFrame) -> DataFrame:
     """Groups journal rows into one row per ActionState ``(partition, topic, key, seq,
     action)`` (``topic``: the input topic, ``""`` for entries written before v5).

@@ -34,7 +34,7 @@ import pyarrow as pa
 from ...durable.errors import JournalDecodeError
 from ...durable.journal import ActionDone, CallEntry, MemorySnapshot, Truncation
 from ...serde.journal import JournalCodec
-from .journal_rows import JOURNAL_TYPES, _action_name, _key_fields
+from .journal_rows import JOURNAL_TYPES, _action_name, _key_fields, call_status, skim, skims
 
 # The view's columns: those of journal rows keep their type there; the rest are counts.
 _COUNTS = ("pending_calls", "failed_calls", "succeeded_calls", "calls", "count", "states",
@@ -94,17 +94,6 @@ _CALL_SKIM = ("topic", "key", "seq", "action", "status", "exception")
 _DONE_SKIM = ("topic", "key", "seq", "action")
 
 
-def _skims(codec: JournalCodec) -> dict[bytes, tuple[bool, Any]]:
-    """Record head -> (is a call, projection) for the calls and completions that
-    ``codec``'s own schema wrote (others are decoded whole)."""
-    skims: dict[bytes, tuple[bool, Any]] = {}
-    for kind, fields in ((CallEntry, _CALL_SKIM), (ActionDone, _DONE_SKIM)):
-        found = codec.projection(kind, fields)
-        if found is not None:
-            skims[found[0]] = (kind is CallEntry, found[1])
-    return skims
-
-
 def audit_batch(
     codec: JournalCodec, records: Iterable[Any], partition: int, *, row_limit: int | None = None
 ) -> pa.RecordBatch:
@@ -121,37 +110,30 @@ def audit_batch(
     failures: dict[str | None, list[Any]] = {}
     rows: list[list[Any]] = []
     live = memory = 0
-    skims = _skims(codec)
+    found = skims(codec, _CALL_SKIM, _DONE_SKIM)
     for m in records:
         live += 1
         value = m.value()
-        skim = skims.get(value[:11]) if skims else None
-        if skim is not None:
+        hit = skim(found, value) if found else None
+        if hit is not None:
             # Most records are a finished call or a completion: what the audit counts of
             # them is in a few fields, read without building the entry (~2x faster). A
             # body that does not decode, a PENDING or FAILED call go the full way.
-            is_call, project = skim
-            try:
-                fields, end = project(value, 11)
-            except Exception:
-                end = -1
-            if end == len(value):
-                ident = fields[:4]
-                if not is_call:
-                    states.setdefault(ident, [0, 0, 0, 0, 0])[4] = 1
-                    continue
-                name = fields[4]
-                if name is None:  # a writer before v2: the status follows the exception
-                    name = "FAILED" if fields[5] is not None else "SUCCEEDED"
-                if name == "SUCCEEDED":
-                    counts = states.get(ident)
-                    if counts is None:
-                        counts = states[ident] = [0, 0, 0, 0, 0]
-                    counts[3] += 1
-                    counts[2] += 1
-                    pair = (_action_name(fields[3]), name)
-                    status[pair] = status.get(pair, 0) + 1
-                    continue
+            is_call, fields = hit
+            ident = fields[:4]
+            if not is_call:
+                states.setdefault(ident, [0, 0, 0, 0, 0])[4] = 1
+                continue
+            name = call_status(fields[4], fields[5])
+            if name == "SUCCEEDED":
+                counts = states.get(ident)
+                if counts is None:
+                    counts = states[ident] = [0, 0, 0, 0, 0]
+                counts[3] += 1
+                counts[2] += 1
+                pair = (_action_name(fields[3]), name)
+                status[pair] = status.get(pair, 0) + 1
+                continue
         try:
             entry = decode(m.key(), value)
         except JournalDecodeError as exc:
@@ -224,10 +206,8 @@ def audit_batch(
                 calls=calls,
             )
         )
-    for (name, call_status), n in status.items():
-        rows.append(
-            _row("status", partition=partition, action_name=name, status=call_status, count=n)
-        )
+    for (name, state), n in status.items():
+        rows.append(_row("status", partition=partition, action_name=name, status=state, count=n))
     for exc_type, (n, functions, message, call_id) in failures.items():
         rows.append(
             _row(

@@ -277,24 +277,11 @@ def journal_batch(
     completions without an intermediate dict); the tuples are transposed in C and each
     column goes to Arrow in one call. Rows equal :func:`decode_record`'s.
     """
-    decode = codec.decode
     rows = []
     for key, value, partition, offset, ts in zip(
         keys, values, partitions, offsets, timestamps, strict=True
     ):
-        try:
-            entry = decode(key, value)  # type: ignore[arg-type]
-        except JournalDecodeError as exc:
-            body = _row_values({"kind": "undecodable", "error": str(exc), **_key_fields(exc)})
-        else:
-            cls = entry.__class__
-            if cls is CallEntry:
-                body = _call_values(entry)  # type: ignore[arg-type]
-            elif cls is ActionDone:
-                body = _done_values(entry)  # type: ignore[arg-type]
-            else:
-                body = _row_values(entry_row(entry))
-        rows.append((partition, offset, ts, *body))
+        rows.append((partition, offset, ts, *_values(codec, key, value)))  # type: ignore[arg-type]
     columns: list[Sequence[Any]] = (
         list(zip(*rows, strict=True)) if rows else [()] * len(JOURNAL_COLUMNS)
     )
@@ -307,6 +294,102 @@ def journal_batch(
         ],
         schema=JOURNAL_ARROW_SCHEMA,
     )
+
+
+def _values(codec: JournalCodec, key: bytes, value: bytes) -> tuple[Any, ...]:
+    """A record's row in column order, after the coordinates (partition, offset, ts)."""
+    try:
+        entry = codec.decode(key, value)
+    except JournalDecodeError as exc:
+        return _row_values({"kind": "undecodable", "error": str(exc), **_key_fields(exc)})
+    cls = entry.__class__
+    if cls is CallEntry:
+        return _call_values(entry)  # type: ignore[arg-type]
+    if cls is ActionDone:
+        return _done_values(entry)  # type: ignore[arg-type]
+    return _row_values(entry_row(entry))
+
+
+# -- the checks view: what the audit's input and output checks read of each record --------
+CHECK_COLUMNS: list[str] = [
+    "partition", "kind", "topic", "key", "seq", "action", "action_name", "status", "outputs_json",
+]  # fmt: skip
+"""The journal columns the audit's input and output checks use (``missing_inputs``,
+``duplicate_outputs``): its ``journal.view=checks`` rows have only these."""
+_CHECK_TYPES = {name: (typ, ddl) for name, typ, ddl in JOURNAL_TYPES}
+CHECK_ARROW_SCHEMA = pa.schema([pa.field(n, _CHECK_TYPES[n][0]) for n in CHECK_COLUMNS])
+CHECK_DDL = ", ".join(f"`{n}` {_CHECK_TYPES[n][1]}" for n in CHECK_COLUMNS)
+# Where each check column sits in _values() (which starts after partition, offset, ts).
+_CHECK_AT = [JOURNAL_COLUMNS.index(n) - 3 for n in CHECK_COLUMNS[1:]]
+_CALL_FIELDS = ("topic", "key", "seq", "action", "status", "exception")
+_DONE_FIELDS = ("topic", "key", "seq", "action", "outputs")
+
+Skims = dict[bytes, tuple[bool, Any]]
+
+
+def skims(codec: JournalCodec, call_fields: tuple[str, ...], done_fields: tuple[str, ...]) -> Skims:
+    """Record head -> (is a call, projection) for the calls and completions that
+    ``codec``'s own schema wrote, reading those fields (other records: decode them)."""
+    found: Skims = {}
+    for kind, fields in ((CallEntry, call_fields), (ActionDone, done_fields)):
+        projection = codec.projection(kind, fields)
+        if projection is not None:
+            found[projection[0]] = (kind is CallEntry, projection[1])
+    return found
+
+
+def skim(found: Skims, value: bytes) -> tuple[bool, tuple[Any, ...]] | None:
+    """(is a call, its projected fields) of ``value``, or None: not one of ``found``'s
+    kinds, or a body that does not decode (the full decode says why)."""
+    hit = found.get(value[:11])
+    if hit is None:
+        return None
+    try:
+        fields, end = hit[1](value, 11)
+    except Exception:
+        return None
+    return (hit[0], fields) if end == len(value) else None
+
+
+def call_status(status: str | None, exception: Any) -> str:
+    """A call's status as the codec builds it: a writer before v2 left it null, and the
+    exception tells it then."""
+    if status is not None:
+        return status
+    return "FAILED" if exception is not None else "SUCCEEDED"
+
+
+def check_batches(
+    codec: JournalCodec, records: Sequence[Any], partition: int, *, batch_size: int = 10_000
+) -> Iterator[pa.RecordBatch]:
+    """Check-view batches (:data:`CHECK_ARROW_SCHEMA`) of the live confluent-kafka messages
+    of one partition: the journal rows' :data:`CHECK_COLUMNS`, equal to theirs.
+
+    Calls and completions written by the codec's own schema are read through projections
+    (their ActionState, status, outputs) instead of decoded whole."""
+    found = skims(codec, _CALL_FIELDS, _DONE_FIELDS)
+    for start in range(0, len(records), batch_size):
+        rows: list[tuple[Any, ...]] = []
+        for m in records[start : start + batch_size]:
+            value = m.value()
+            hit = skim(found, value) if found else None
+            if hit is None:
+                full = _values(codec, m.key(), value)
+                rows.append((partition, *[full[i] for i in _CHECK_AT]))
+                continue
+            is_call, (topic, key, seq, action, *rest) = hit
+            name = _action_name(action)
+            if is_call:
+                status = call_status(rest[0], rest[1])
+                rows.append((partition, "call", topic, key, seq, action, name, status, None))
+            else:
+                outputs = [payload_json(o) for o in rest[0]]
+                rows.append((partition, "done", topic, key, seq, action, name, None, outputs))
+        columns = list(zip(*rows, strict=True)) if rows else [()] * len(CHECK_COLUMNS)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(c, f.type) for c, f in zip(columns, CHECK_ARROW_SCHEMA, strict=True)],
+            schema=CHECK_ARROW_SCHEMA,
+        )
 
 
 def _row_values(row: dict[str, Any]) -> tuple[Any, ...]:

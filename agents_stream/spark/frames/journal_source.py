@@ -12,10 +12,11 @@ that split ranges (``maxRecordsPerPartition``, ``minPartitions``) are refused he
 :func:`~agents_stream.spark.frames.action_state.read_journal` takes the shuffle path for
 them. Options: those of ``agents_stream.kafka`` plus ``journal.registryUrl`` (Confluent
 framed values), ``journal.topic`` (its subject's topic), ``journal.includeRaw`` and
-``journal.view``: ``rows`` (the default: journal rows) or ``audit`` (the audit's partial
+``journal.view``: ``rows`` (the default: journal rows), ``audit`` (the audit's partial
 results per partition, :mod:`.journal_audit`, instead of the rows; with
 ``journal.viewRowLimit``, a partition with more rows than that yields an ``overflow`` row
-instead).
+instead) or ``checks`` (journal rows with only the columns of the audit's input and output
+checks, :data:`~.journal_rows.CHECK_COLUMNS`, read without decoding most records whole).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..source.errors import KafkaSourceOptionError
 from ..source.offsets import plan_offset_ranges
 from ..source.options import KafkaSourceOptions
 from .journal_audit import AUDIT_DDL
-from .journal_rows import JOURNAL_DDL
+from .journal_rows import CHECK_DDL, JOURNAL_DDL
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -43,7 +44,8 @@ _OWN = (
     "journal.view",
     "journal.viewrowlimit",
 )
-_VIEWS = ("rows", "audit")
+_VIEWS = ("rows", "audit", "checks")
+_DDL = {"rows": JOURNAL_DDL, "audit": AUDIT_DDL, "checks": CHECK_DDL}
 _SPLITTING = ("maxrecordsperpartition", "minpartitions")
 
 
@@ -70,7 +72,7 @@ class JournalDataSource(DataSource):
         return JOURNAL_SOURCE_NAME
 
     def schema(self) -> str:
-        return AUDIT_DDL if _view(self.options) == "audit" else JOURNAL_DDL
+        return _DDL[_view(self.options)]
 
     def reader(self, schema: Any) -> DataSourceReader:
         kafka, own = _split(self.options)
@@ -128,7 +130,7 @@ class JournalRangeReader(DataSourceReader):
         # Executor-side imports: the codec and the consumer are only needed where
         # records are read.
         from ..source.record_reader import read_messages
-        from .journal_rows import journal_batches_of, live_records, reader_codec
+        from .journal_rows import check_batches, journal_batches_of, live_records, reader_codec
 
         assert isinstance(partition, KafkaRangePartition)
         rng = partition.range
@@ -145,5 +147,8 @@ class JournalRangeReader(DataSourceReader):
             from .journal_audit import audit_batch
 
             yield audit_batch(codec, live, rng.partition, row_limit=self.view_row_limit)
+            return
+        if self.view == "checks":
+            yield from check_batches(codec, live, rng.partition)
             return
         yield from journal_batches_of(codec, live, rng.partition, include_raw=self.include_raw)

@@ -57,6 +57,7 @@ from ...durable.output_identity import OUTPUT_HEADER
 from ..frames.action_state import (
     action_states,
     read_audit_view,
+    read_check_view,
     read_journal,
     splits_partitions,
 )
@@ -354,8 +355,8 @@ def run_audit(
     if one_pass is not None:
         heads, figures = one_pass
         tables: dict[str, DataFrame] = {}
-        if joins:
-            journal = read_journal(spark, bootstrap, app, **read_options).drop("raw_value").cache()
+        if joins:  # the checks' columns only
+            journal = read_check_view(spark, bootstrap, app, **read_options).cache()
     else:
         with step(spark, "audit", f"read and decode {topic}", records=state_records):
             journal = read_journal(spark, bootstrap, app, **read_options).drop("raw_value").cache()
