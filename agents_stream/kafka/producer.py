@@ -11,7 +11,7 @@ took it from each other a few times per record (the report callbacks, the cache 
 the outputs and markers chained on acks all ran on the poll thread). Served from the
 loop, the same work runs without those hand-offs, and the futures it resolves wake their
 waiters on the thread they wait on (measured: 20 % less CPU per record, see
-bench/README.md, nineteenth round).
+bench/HISTORY.md, nineteenth round).
 """
 
 from __future__ import annotations
