@@ -12,6 +12,14 @@ event-loop thread ran on a CPU and the share it was runnable but queued for one 
 2-core machine the broker and the other threads take a core from it now and then); well
 below, it waits (for acks, the broker, other threads).
 
+Over the same steady state, ``us/rec + broker  cores`` gives the CPU time per output of
+the system's own processes (every thread; a supervisor's workers included) and of the
+broker, and how many CPUs the system, the broker and this reader kept busy together: a
+row near the machine's core count cannot go faster by running more processes, only by
+spending less per record. After the table, each throughput goal of issue 13 is restated
+as a CPU budget: at the goal's rate a loop thread that stays the bottleneck may spend
+``1 / rate`` per record; the table sets that against what it spends now.
+
 The two-process row is one ``agents-stream worker --processes 2`` command (a supervisor
 and two worker processes in one group). Its workers are started first, and the backlog is
 produced once their ``/metrics`` show every partition assigned: otherwise the second process's join (~3 s on
@@ -48,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ROOT / "bench" / "e2e" / "systems.py"
 PARTITIONS = 4
 KEYS = 1000
+MIN_CPU_WINDOW_S = 0.5  # shorter steady states get no CPU figures (10 ms ticks)
 
 
 @dataclass
@@ -212,14 +221,105 @@ def wait_assigned(ports: list[int], procs: list[subprocess.Popen[bytes]], timeou
     return f"group not settled after {timeout:.0f}s (partitions owned: {owned})"
 
 
-def loop_cpu(proc: subprocess.Popen[bytes]) -> tuple[float, float] | None:
-    """Seconds so far that ``proc``'s main thread, where a worker runs its event loop,
-    spent on a CPU and runnable waiting for one (Linux schedstat); None without it."""
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def children(pids: list[int]) -> list[int]:
+    """The child processes of ``pids`` (a ``--processes`` supervisor's workers)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid in pids:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds so far of processes ``pids``, every thread (Linux ``/proc``; 0 else)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+@dataclass
+class Sample:
+    """What one moment of a drain had used: outputs read, the worker's loop thread
+    (running, queued; a single worker only), CPU of the system's processes, of the
+    broker, of this reader."""
+
+    at: float
+    outputs: int
+    loop: tuple[float, float] | None  # summed over the worker processes
+    system: float
+    broker: float
+    reader: float
+
+
+@dataclass
+class Window:
+    """The steady state of a drain (10 % to 90 % of the outputs) between two samples."""
+
+    first: Sample
+    last: Sample
+
+    @property
+    def wall(self) -> float:
+        return self.last.at - self.first.at
+
+    def per_record_us(self, what: str) -> float:
+        done = self.last.outputs - self.first.outputs
+        used = getattr(self.last, what) - getattr(self.first, what)
+        return used / max(done, 1) * 1e6
+
+    workers: int = 1
+
+    @property
+    def loop_busy(self) -> tuple[float, float] | None:
+        """Shares of the wall time a worker's loop thread ran and was queued (mean)."""
+        if self.first.loop is None or self.last.loop is None:
+            return None
+        wall = self.wall * self.workers
+        return (
+            (self.last.loop[0] - self.first.loop[0]) / wall,
+            (self.last.loop[1] - self.first.loop[1]) / wall,
+        )
+
+    @property
+    def loop_us(self) -> float | None:
+        if self.first.loop is None or self.last.loop is None:
+            return None
+        done = max(self.last.outputs - self.first.outputs, 1)
+        return (self.last.loop[0] - self.first.loop[0]) / done * 1e6
+
+    @property
+    def cores(self) -> float:
+        """CPUs kept busy by the system, the broker and the reader together."""
+        used = sum(
+            getattr(self.last, w) - getattr(self.first, w) for w in ("system", "broker", "reader")
+        )
+        return used / self.wall
+
+
+def loop_cpu(pids: list[int]) -> tuple[float, float] | None:
+    """Seconds so far that the main threads of ``pids``, where workers run their event
+    loop, spent on a CPU and runnable waiting for one, summed (Linux schedstat); None
+    without it."""
+    running = queued = 0
     try:
-        running, queued, _ = Path(f"/proc/{proc.pid}/task/{proc.pid}/schedstat").read_text().split()
+        for pid in pids:
+            ran, waited, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+            running, queued = running + int(ran), queued + int(waited)
     except (OSError, ValueError):
         return None
-    return int(running) / 1e9, int(queued) / 1e9
+    return running / 1e9, queued / 1e9
 
 
 def collect(
@@ -228,11 +328,14 @@ def collect(
     expected: int,
     procs: list[subprocess.Popen[bytes]],
     timeout: float,
-    watch: subprocess.Popen[bytes] | None = None,
-) -> tuple[int, float, str, tuple[float, float] | None]:
-    """Count outputs until ``expected`` arrived (or no progress / a process died). With
-    ``watch`` (a worker process), also the shares of the wall time from 10 % of the
-    outputs to 90 % that its event-loop thread ran, and waited for a CPU (runnable)."""
+    workers: bool = False,
+    broker_pid: int | None = None,
+) -> tuple[int, float, str, Window | None]:
+    """Count outputs until ``expected`` arrived (or no progress / a process died), and
+    sample from 10 % of the outputs to 90 % the CPU the system's processes, the broker
+    and this reader used; with ``workers`` (agents_stream: ``procs`` are workers or a
+    supervisor of workers) also the time their event-loop threads ran, and waited for a
+    CPU (runnable)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -246,8 +349,10 @@ def collect(
     last_progress = time.monotonic()
     assigned = False
     error = ""
-    first_cpu: tuple[float, tuple[float, float]] | None = None
-    last_cpu: tuple[float, tuple[float, float]] | None = None
+    first: Sample | None = None
+    last: Sample | None = None
+    pids: list[int] = []
+    loops: list[int] = []
     try:
         while len(stamps) < expected and time.monotonic() < deadline:
             if not assigned:
@@ -265,11 +370,23 @@ def collect(
                 last_progress = time.monotonic()
                 # From 10 % of the outputs to 90 %: the drain's steady state, without
                 # the start (fetching, first batches) and the tail (the last acks).
-                cpu = loop_cpu(watch) if watch is not None else None
-                if cpu is not None and len(stamps) >= expected // 10:
-                    first_cpu = first_cpu or (last_progress, cpu)
-                    if last_cpu is None or len(stamps) - len(got) < expected * 9 // 10:
-                        last_cpu = (last_progress, cpu)
+                if len(stamps) >= expected // 10 and (
+                    last is None or len(stamps) - len(got) < expected * 9 // 10
+                ):
+                    if not pids:  # the workers of a supervisor exist by now
+                        pids = [p.pid for p in procs]
+                        kids = children(pids)
+                        pids += kids
+                        loops = (kids or pids) if workers else []
+                    last = Sample(
+                        last_progress,
+                        len(stamps),
+                        loop_cpu(loops) if loops else None,
+                        process_cpu(pids),
+                        process_cpu([broker_pid]) if broker_pid else 0.0,
+                        time.process_time(),
+                    )
+                    first = first or last
             elif stamps and time.monotonic() - last_progress > 30:
                 error = f"stalled at {len(stamps)}/{expected}"
                 break
@@ -282,17 +399,11 @@ def collect(
                 error = f"timeout at {len(stamps)}/{expected}"
     finally:
         consumer.close()
-    busy = None
-    if first_cpu and last_cpu and last_cpu[0] > first_cpu[0]:
-        wall = last_cpu[0] - first_cpu[0]
-        busy = (
-            (last_cpu[1][0] - first_cpu[1][0]) / wall,
-            (last_cpu[1][1] - first_cpu[1][1]) / wall,
-        )
+    window = Window(first, last, len(loops)) if first and last and last.at > first.at else None
     if len(stamps) < 2:
-        return len(stamps), 0.0, error or "no output", busy
+        return len(stamps), 0.0, error or "no output", window
     span = (max(stamps) - min(stamps)) / 1000
-    return len(stamps), len(stamps) / max(span, 1e-3), error, busy
+    return len(stamps), len(stamps) / max(span, 1e-3), error, window
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -320,7 +431,7 @@ def main() -> int:
         if not wanted or any(w in f"{v.name} {v.system}".lower() for w in wanted)
     ]
     rows: list[tuple[str, float, str]] = []
-    loop_busy: dict[str, tuple[float, float]] = {}
+    windows: dict[str, Window] = {}
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp_dir:
         tmp = Path(tmp_dir)
         for i, variant in enumerate(variants):
@@ -334,16 +445,21 @@ def main() -> int:
                 error = wait_assigned(ports, procs, 90) if ports else ""
                 if ports and not error:
                     fill(broker.bootstrap, topic_in, records)
-                # One worker process: how busy its event loop was (the supervisor of
-                # --processes runs no loop of its own).
-                watch = procs[0] if variant.system == "agents" and variant.processes == 1 else None
-                _count, rate, collect_error, busy = (
+                _count, rate, collect_error, window = (
                     (0, 0.0, "", None)
                     if error
-                    else collect(broker.bootstrap, topic_out, records, procs, args.timeout, watch)
+                    else collect(
+                        broker.bootstrap,
+                        topic_out,
+                        records,
+                        procs,
+                        args.timeout,
+                        variant.system == "agents",
+                        broker.pid,
+                    )
                 )
-                if busy is not None:
-                    loop_busy[variant.name] = busy
+                if window is not None:
+                    windows[variant.name] = window
                 error = error or collect_error
             finally:
                 stop(procs)
@@ -367,13 +483,71 @@ def main() -> int:
         note = error[:60]
         if name.endswith("two processes") and single:
             note = f"{rate / single:.2f}x one process " + note
-        if name in loop_busy:
-            running, queued = loop_busy[name]
-            note = f"loop runs {running:.0%} +{queued:.0%} queued " + note
-        out.append((name, rate, f"{vs_raw:.3f}", vs_journal, note))
+        window = windows.get(name)
+        cpu = ""
+        if window is not None:
+            busy = window.loop_busy
+            if busy is not None:
+                loops = "loop runs" if window.workers == 1 else "loops run (mean)"
+                note = f"{loops} {busy[0]:.0%} +{busy[1]:.0%} queued " + note
+            # /proc counts CPU time in 10 ms ticks: a drain of a fraction of a second
+            # (the raw loops, Quix) has too few of them to divide by its records.
+            if window.wall >= MIN_CPU_WINDOW_S:
+                cpu = (
+                    f"{window.per_record_us('system'):.0f} + {window.per_record_us('broker'):.0f}"
+                    f"   {window.cores:.2f}"
+                )
+        out.append((name, rate, f"{vs_raw:.3f}", vs_journal, cpu, note))
     print(f"{records:,} records, {KEYS:,} keys, {PARTITIONS} partitions; one embedded broker")
-    print(table(["system", "events/s", "vs raw loop", "vs journal", "note"], out))
+    print(
+        table(
+            ["system", "events/s", "vs raw loop", "vs journal", "us/rec + broker  cores", "note"],
+            out,
+        )
+    )
+    budgets = budget_rows(rates, windows, raw, journal)
+    if budgets:
+        print()
+        print(
+            "CPU per record on the worker's event-loop thread (steady state), against what\n"
+            "the goal's rate would leave it if that thread stays the bottleneck:"
+        )
+        print(table(["row", "goal", "loop us/rec now", "budget us/rec", "x less needed"], budgets))
     return 0 if all(not e for _, _, e in rows) else 1
+
+
+# The throughput goals of issue 13: (row, baseline, ratio).
+GOALS = [
+    ("agents_stream, sync, 0 calls", "raw", 0.3),
+    ("agents_stream, sync, 1 ctx.execute", "journal", 0.5),
+    ("agents_stream, async, 1 ctx.execute_async", "journal", 0.5),
+    ("agents_stream, sync, 3 ctx.execute", "journal", 0.25),
+    ("agents_stream, async, 3 ctx.execute_async", "journal", 0.25),
+]
+
+
+def budget_rows(
+    rates: dict[str, float], windows: dict[str, Window], raw: float, journal: float
+) -> list[tuple[str, str, str, str, str]]:
+    """Each goal as a CPU budget: at the goal's rate a CPU-bound loop thread may spend
+    1 / rate per record; what it spends now, from the run's steady state."""
+    out = []
+    for name, base, ratio in GOALS:
+        window, baseline = windows.get(name), raw if base == "raw" else journal
+        now = window.loop_us if window is not None else None
+        if now is None or not baseline:
+            continue
+        budget = 1e6 / (ratio * baseline)
+        out.append(
+            (
+                name.removeprefix("agents_stream, "),
+                f">= {ratio} x {base}",
+                f"{now:.1f}",
+                f"{budget:.1f}",
+                f"{now / budget:.1f}",
+            )
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -73,6 +73,12 @@ class EmbeddedBroker:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (benchmarks account its CPU)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
     def start(self, timeout: float = 30.0) -> EmbeddedBroker:
         if self.running:
             return self
