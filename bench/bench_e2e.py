@@ -17,8 +17,9 @@ the system's own processes (every thread; a supervisor's workers included) and o
 broker, and how many CPUs the system, the broker and this reader kept busy together: a
 row near the machine's core count cannot go faster by running more processes, only by
 spending less per record. After the table, each throughput goal of issue 13 is restated
-as a CPU budget: at the goal's rate a loop thread that stays the bottleneck may spend
-``1 / rate`` per record; the table sets that against what it spends now.
+as a CPU budget: what the worker's loop thread spends per record now (steady state), and
+what it may spend for the row to reach the goal's rate (the same, divided by goal rate /
+rate: the loop stays the bottleneck).
 
 The two-process row is one ``agents-stream worker --processes 2`` command (a supervisor
 and two worker processes in one group). Its workers are started first, and the backlog is
@@ -509,10 +510,10 @@ def main() -> int:
     if budgets:
         print()
         print(
-            "CPU per record on the worker's event-loop thread (steady state), against what\n"
-            "the goal's rate would leave it if that thread stays the bottleneck:"
+            "CPU per record on the worker's event-loop thread (steady state), now and at the\n"
+            "goal's rate if that thread stays the bottleneck:"
         )
-        print(table(["row", "goal", "loop us/rec now", "budget us/rec", "x less needed"], budgets))
+        print(table(["row", "goal", "loop us/rec now", "at the goal", "x less needed"], budgets))
     return 0 if all(not e for _, _, e in rows) else 1
 
 
@@ -529,22 +530,25 @@ GOALS = [
 def budget_rows(
     rates: dict[str, float], windows: dict[str, Window], raw: float, journal: float
 ) -> list[tuple[str, str, str, str, str]]:
-    """Each goal as a CPU budget: at the goal's rate a CPU-bound loop thread may spend
-    1 / rate per record; what it spends now, from the run's steady state."""
+    """Each goal as a CPU budget: what the loop thread spends per record in the drain's
+    steady state now, and what it could spend for the row to reach the goal's rate (the
+    same time per record, scaled by rate / goal rate: the loop stays the bottleneck and
+    the start and the tail of a drain cost what they cost now)."""
     out = []
     for name, base, ratio in GOALS:
         window, baseline = windows.get(name), raw if base == "raw" else journal
         now = window.loop_us if window is not None else None
-        if now is None or not baseline:
+        rate = rates.get(name) or 0.0
+        if now is None or not baseline or not rate:
             continue
-        budget = 1e6 / (ratio * baseline)
+        factor = ratio * baseline / rate
         out.append(
             (
                 name.removeprefix("agents_stream, "),
                 f">= {ratio} x {base}",
                 f"{now:.1f}",
-                f"{budget:.1f}",
-                f"{now / budget:.1f}",
+                f"{now / factor:.1f}",
+                f"{factor:.2f}",
             )
         )
     return out
