@@ -4,7 +4,8 @@ Writes ``--records`` ActionState records (per action: three CallResults and one
 ActionDone, encoded by the journal codec, keyed by ``entry_key_bytes``, lz4 as the worker
 writes them) over ``--partitions`` partitions of a fresh embedded broker, then reads them
 back with one consumer for all partitions, as a worker's assignment does, three ways (best
-of ``--repeat``):
+of ``--repeat`` interleaved rounds: each round reads every way once, so a slow moment of
+the shared machine costs one round of each, not one way's every round):
 
 - ``consume``: a confluent-kafka consumer with the rebuild's reader config and batch
   size, touching key and value of every record and stopping at the known end: the
@@ -159,13 +160,26 @@ def best_of(repeat: int, fn: Callable[[], int]) -> tuple[float, int]:
     return best, n
 
 
+def interleaved(
+    repeat: int, ways: list[tuple[str, Callable[[], int]]]
+) -> list[tuple[str, float, int]]:
+    """Best time (and records read) of each way over ``repeat`` rounds of all of them."""
+    best = {name: (float("inf"), 0) for name, _ in ways}
+    for _ in range(repeat):
+        for name, fn in ways:
+            started = time.perf_counter()
+            n = fn()
+            best[name] = (min(best[name][0], time.perf_counter() - started), n)
+    return [(name, *best[name]) for name, _ in ways]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--records", type=int, default=200_000)
     p.add_argument("--partitions", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=None, help="best of N (3; 1 with --quick)")
+    p.add_argument("--repeat", type=int, default=3, help="best of N interleaved rounds")
     args = p.parse_args(argv)
-    repeat = args.repeat or (1 if args.quick else 3)
+    repeat = args.repeat
     started = time.perf_counter()
     codec = default_journal_codec()
 
@@ -184,17 +198,14 @@ def main(argv: list[str] | None = None) -> int:
             dirs.append(Path(tmp) / f"fresh-{len(dirs)}")
             return rebuild(bootstrap, codec, args.partitions, dirs[-1])
 
-        results = [
-            (
-                "consume",
-                *best_of(repeat, lambda: consume(bootstrap, counts, None)),
-            ),
-            (
-                "consume + decode",
-                *best_of(repeat, lambda: consume(bootstrap, counts, codec)),
-            ),
-            ("assign (decode + RocksDB)", *best_of(repeat, assign_fresh)),
-        ]
+        results = interleaved(
+            repeat,
+            [
+                ("consume", lambda: consume(bootstrap, counts, None)),
+                ("consume + decode", lambda: consume(bootstrap, counts, codec)),
+                ("assign (decode + RocksDB)", assign_fresh),
+            ],
+        )
         # The last fresh cache is caught up: assigning it again replays nothing.
         warm_seconds, warm_replayed = best_of(
             1, lambda: rebuild(bootstrap, codec, args.partitions, dirs[-1])
