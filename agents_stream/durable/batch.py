@@ -46,6 +46,7 @@ from .ackfuture import serve_due, then
 from .acks import acked
 from .bridge import Finished, _Bridged, release, run_coroutine_bridged, start
 from .journal import ActionDone, ActionRef
+from .ownership import OwnershipLost
 from .runner import (
     ActionRunner,
     RecordInput,
@@ -224,7 +225,11 @@ class RecordBatch:
     def _returned(self, run: _Run) -> None:
         runner = self._runner
         outcome = RecordOutcome()
-        done = runner._completion(run.ref, run.ctx, run.snapshot, outcome)
+        try:
+            done = runner._completion(run.ref, run.ctx, run.snapshot, outcome)
+        except OwnershipLost as exc:  # the partition is another member's now
+            self._report(run.index, exc)
+            return
         if runner._effects(done) or done.events or not getattr(runner.sink, "threadsafe", False):
             self._wait(
                 asyncio.ensure_future(self._settle_alone(run, done, outcome)),

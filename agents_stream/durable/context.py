@@ -75,6 +75,7 @@ from .journal import (
     entry_key,
 )
 from .memory import ShortTermMemory
+from .ownership import Ownership, OwnershipLost
 from .payload import PayloadCodec, encode_result
 from .pool import CodeBlockPool
 from .timers import Timers
@@ -137,6 +138,9 @@ class ContextConfig:
     strict: bool = False
     executor: Any = None  # concurrent.futures.Executor for execute_async of sync functions
     max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+    # The host's partition holds (durable/ownership.py): every code block checks its
+    # action's lease before it starts. None: a host that owns no partitions.
+    ownership: Ownership | None = None
 
 
 @dataclass
@@ -178,7 +182,16 @@ def _warn_blocking(action: str, fid: str) -> None:
     )
 
 
-def _run_guarded(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _run_guarded(
+    target: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    check: Callable[[], None] | None = None,
+) -> Any:
+    if check is not None:
+        # Here, on the thread that runs it, not when it was queued: a pool thread may
+        # take the call after this member lost the partition (a SIGSTOP between).
+        check()
     token = _IN_CODE_BLOCK.set(True)
     try:
         return target(*args, **kwargs)
@@ -188,13 +201,41 @@ def _run_guarded(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         _IN_CODE_BLOCK.reset(token)
 
 
-async def _in_code_block(awaitable: Awaitable[Any]) -> Any:
+async def _in_code_block(awaitable: Awaitable[Any], check: Callable[[], None] | None = None) -> Any:
+    if check is not None:
+        check()  # when the task starts: a later loop round than the call
     _IN_CODE_BLOCK.set(True)  # this task's own context: released when it ends
     return await awaitable
 
 
-def _refuse_in_code_block(action: str, what: str) -> None:
-    if _IN_CODE_BLOCK.get():
+class _Blocks:
+    """Code blocks of one action run in flight, and the thread the action runs on: a
+    thread a code block started has none of its context, so its memory writes are told
+    apart by thread (see ``_refuse_in_code_block``)."""
+
+    __slots__ = ("running", "thread")
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.thread = threading.get_ident()
+
+
+# Code blocks running in this process (every host): the calls a SIGKILL now would leave
+# unacknowledged, to run again on the next owner (the metrics' calls_in_flight).
+_CALLS_IN_FLIGHT = [0]
+
+
+def calls_in_flight() -> int:
+    return _CALLS_IN_FLIGHT[0]
+
+
+def _refuse_in_code_block(action: str, blocks: _Blocks | None, what: str) -> None:
+    if _IN_CODE_BLOCK.get() or (
+        blocks is not None and blocks.running and threading.get_ident() != blocks.thread
+    ):
+        # The second case: a thread started by a code block (or any other thread) while
+        # one of the action's code blocks runs. A replay skips the code block, so what
+        # that thread wrote would be missing from the replayed memory.
         raise CodeBlockViolation(
             f"{what} called inside a code block of {action}: memory, timers and events are "
             "journaled with the action, not the call; return a value from the code block "
@@ -235,11 +276,34 @@ class RunnerContext:
         self.outputs: list[Any] = []
         self.replayed_calls = 0
         self.executed_calls = 0
+        self._blocks = _Blocks()  # on the action's thread: the context is made there
+        ownership = config.ownership
+        # The hold this action started under (durable/ownership.py); 0 with no ownership.
+        self._lease = ownership.lease(ref.topic, ref.partition) if ownership else 0
 
     def _guard_fn(self) -> Callable[[str], None]:
         # Not the bound method: memory and timers holding it would make every context a
         # reference cycle, left (with its closures, ~18 objects a record) to the collector.
-        return partial(_refuse_in_code_block, self.ref.action)
+        return partial(_refuse_in_code_block, self.ref.action, self._blocks)
+
+    def check_hold(self) -> None:
+        """Raise OwnershipLost when this member no longer holds the partition this
+        action started under (a code block is about to start, an ActionDone about to be
+        journaled)."""
+        ownership = self._config.ownership
+        if ownership is not None:
+            ownership.check(self.ref.topic, self.ref.partition, self._lease)
+
+    def _check(self) -> Callable[[], None] | None:
+        return self.check_hold if self._config.ownership is not None else None
+
+    def _block_started(self) -> None:
+        self._blocks.running += 1
+        _CALLS_IN_FLIGHT[0] += 1
+
+    def _block_ended(self) -> None:
+        self._blocks.running -= 1
+        _CALLS_IN_FLIGHT[0] -= 1
 
     @property
     def short_term_memory(self) -> ShortTermMemory:
@@ -298,7 +362,7 @@ class RunnerContext:
             self.sent_events.append(event)
 
     def _guard(self, what: str) -> None:
-        _refuse_in_code_block(self.ref.action, what)
+        _refuse_in_code_block(self.ref.action, self._blocks, what)
 
     # -- durable calls --------------------------------------------------------------
     # Typed overloads: the result is ``fn``'s return type. Arguments are checked against
@@ -356,6 +420,7 @@ class RunnerContext:
             return self._finish_sync(index, call, slot.started_ms, True, slot.attempts)
         started = _now_ms()
         if call.reconciler is not None:
+            self.check_hold()
             self._wait(self._append(self._entry(index, call, CallStatus.PENDING, started)))
         return self._finish_sync(index, call, started, False, 0)
 
@@ -423,6 +488,7 @@ class RunnerContext:
         else:
             started, attempts = _now_ms(), 0
             if call.reconciler is not None:
+                self.check_hold()
                 pending = self._entry(index, call, CallStatus.PENDING, started)
                 await acked(self._append(pending))
         tries = 0
@@ -430,6 +496,8 @@ class RunnerContext:
             tries += 1
             try:
                 result = await self._invoke_async(index, call, reconciling)
+            except OwnershipLost:
+                raise  # not the call's outcome: nothing is journaled, the next owner runs it
             except Exception as exc:
                 if call.retry is not None and call.retry.should_retry(exc, tries):
                     await asyncio.sleep(call.retry.delay(tries))
@@ -448,17 +516,21 @@ class RunnerContext:
 
     async def _invoke_async(self, index: int, call: _Call, reconciling: bool) -> Any:
         target, args, kwargs = self._invocation(index, call, reconciling)
-        if inspect.iscoroutinefunction(target):
-            return await asyncio.create_task(_in_code_block(target(*args, **kwargs)))
-        loop = asyncio.get_running_loop()
-        ctx = contextvars.copy_context()
-        ctx.run(_IN_CODE_BLOCK.set, True)
-        result = await loop.run_in_executor(
-            self._config.executor, lambda: ctx.run(target, *args, **kwargs)
-        )
-        if inspect.isawaitable(result):
-            return await asyncio.create_task(_in_code_block(result))
-        return result
+        check = self._check()
+        self._block_started()
+        try:
+            if inspect.iscoroutinefunction(target):
+                return await asyncio.create_task(_in_code_block(target(*args, **kwargs), check))
+            loop = asyncio.get_running_loop()
+            ctx = contextvars.copy_context()
+            result = await loop.run_in_executor(
+                self._config.executor, ctx.run, _run_guarded, target, args, kwargs, check
+            )
+            if inspect.isawaitable(result):
+                return await asyncio.create_task(_in_code_block(result))
+            return result
+        finally:
+            self._block_ended()
 
     def _finish_sync(
         self,
@@ -475,17 +547,23 @@ class RunnerContext:
         # A sync action's call runs in the pool (it may block on I/O); an async action's
         # runs inline, as documented (only its waits suspend).
         pooled = on_loop and not stepping()
+        check = self._check()
         tries = 0
         while True:
             tries += 1
             error: Exception | None = None
+            self._block_started()
             try:
                 if pooled:
-                    result = await_(self._in_pool(target, args, kwargs))
+                    result = await_(self._in_pool(target, args, kwargs, check))
                 else:
-                    result = _run_guarded(target, args, kwargs)
+                    result = _run_guarded(target, args, kwargs, check)
+            except OwnershipLost:
+                raise  # not the call's outcome: nothing is journaled, the next owner runs it
             except Exception as exc:
                 error = exc
+            finally:
+                self._block_ended()
             if error is not None:
                 if call.retry is not None and call.retry.should_retry(error, tries):
                     delay = call.retry.delay(tries)
@@ -505,16 +583,20 @@ class RunnerContext:
             return result
 
     def _in_pool(
-        self, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        check: Callable[[], None] | None,
     ) -> Awaitable[Any] | Future[Any]:
         """A sync action on the loop (see ``bridge``) runs its code block in the pool:
         the block may block on I/O, the loop must not."""
         ctx = contextvars.copy_context()
         executor = self._config.executor
         if isinstance(executor, CodeBlockPool):
-            return executor.submit(ctx.run, _run_guarded, target, args, kwargs)
+            return executor.submit(ctx.run, _run_guarded, target, args, kwargs, check)
         return asyncio.get_running_loop().run_in_executor(
-            executor, ctx.run, _run_guarded, target, args, kwargs
+            executor, ctx.run, _run_guarded, target, args, kwargs, check
         )
 
     @staticmethod

@@ -365,7 +365,10 @@ class ActionRunner:
         snapshot: Callable[[], MemorySnapshot | None],
         outcome: RecordOutcome,
     ) -> ActionDone:
-        """The ActionDone of an action that returned (counted in ``outcome``)."""
+        """The ActionDone of an action that returned (counted in ``outcome``); raises
+        OwnershipLost when this member no longer holds the partition the action started
+        under (its ActionDone and outputs are the next owner's to produce)."""
+        ctx.check_hold()
         outcome.actions_run += 1
         outcome.calls_executed += ctx.executed_calls
         outcome.calls_replayed += ctx.replayed_calls

@@ -35,6 +35,7 @@ from typing import Any
 from ..app import AgentBinding, App
 from ..durable.context import ContextConfig
 from ..durable.journal import InputProgress
+from ..durable.ownership import Ownership
 from ..durable.runner import ActionRunner, OutputSink, TimersHook
 from ..durable.store import ActionStateStore
 from ..kafka.config import delivery_timeout_ms, producer_config
@@ -78,6 +79,8 @@ class DurableHost:
         on_timers: called with timers registered by actions, once durable.
         cancel: the host's stop signal: a cache rebuild ends early once it is set
             (RebuildCancelled from the store's ``assign``).
+        ownership: the host's partition holds (``durable/ownership.py``): code blocks,
+            journal records and outputs of partitions not held are refused.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class DurableHost:
         produce: bool = True,
         on_timers: TimersHook | None = None,
         cancel: threading.Event | None = None,
+        ownership: Ownership | None = None,
     ) -> None:
         self.app = app
         self.bootstrap = bootstrap
@@ -109,6 +113,7 @@ class DurableHost:
             codec=app.payload_codec,
             strict=app.strict_determinism,
             executor=executor,
+            ownership=ownership,
         )
         if store is None and self.producer is not None:
             store = KafkaActionStateStore(
@@ -122,6 +127,8 @@ class DurableHost:
                 index_slots=app.prune_completed,
             )
         assert store is not None
+        if ownership is not None and isinstance(store, KafkaActionStateStore):
+            store.ownership = ownership
         # Entries journaled before v5 carry no input topic; they belong to the app's first
         # input (an upgraded app had exactly one journal identity space).
         store.legacy_topics = frozenset(app.input_topics[:1])
@@ -145,7 +152,12 @@ class DurableHost:
                     # A partition's previous owner may have sent outputs since the read.
                     store.on_assign.append(lambda _, log=found: log.mark_stale())
                 sink = KafkaOutputSink(
-                    self.producer, spec.output, out_codec, origin=app.id, output_log=found
+                    self.producer,
+                    spec.output,
+                    out_codec,
+                    origin=app.id,
+                    output_log=found,
+                    ownership=ownership,
                 )
             runner = ActionRunner(
                 spec.agent, store, self.context, sink, on_timers=on_timers, topic=spec.input

@@ -26,6 +26,7 @@ from confluent_kafka import Message
 from ..app import AgentBinding
 from ..durable.acks import acked
 from ..durable.journal import TimerEntry
+from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.policy import judge, record_where
 from .dlq import REPLAY_HEADER, DeadLetters, original_identity
@@ -110,7 +111,10 @@ class AgentHost:
         def report(position: int, outcome: RecordOutcome | Exception) -> None:
             index = positions[position]
             msg, key = items[index]
-            if isinstance(outcome, RecordOutcome):
+            if isinstance(outcome, OwnershipLost):
+                self._abandoned(msg, outcome)
+                finish(index, False)  # not finished: never committed, replayed elsewhere
+            elif isinstance(outcome, RecordOutcome):
                 self._finished(msg, records[position], outcome)
                 finish(index, True)
             else:
@@ -201,7 +205,11 @@ class AgentHost:
         self, msg: Message, key: str, record: RecordInput, outcome: RecordOutcome | Exception
     ) -> None:
         """Apply the error policy to a failed record (dead letter, or stop: raises), or
-        count a finished one."""
+        count a finished one. A record of a partition this member lost is neither: it
+        raises OwnershipLost (not finished, not committed; its next owner runs it)."""
+        if isinstance(outcome, OwnershipLost):
+            self._abandoned(msg, outcome)
+            raise outcome
         if isinstance(outcome, Exception):
             where = record_where(msg.topic(), msg.partition(), msg.offset(), key)
             verdict = judge(
@@ -219,6 +227,13 @@ class AgentHost:
             await self._dead_letter(msg, "action", outcome)
             return
         self._finished(msg, record, outcome)
+
+    def _abandoned(self, msg: Message, exc: OwnershipLost) -> None:
+        self._stats["records_abandoned_not_owned"] += 1
+        log.debug(
+            "%s[%d]@%d abandoned: %s", msg.topic(), msg.partition(), msg.offset(), exc,
+            extra=record_fields(msg.topic(), msg.partition(), msg.offset(), None),
+        )  # fmt: skip
 
     def _finished(self, msg: Message, record: RecordInput, outcome: RecordOutcome) -> None:
         self.counts["out"] += len(outcome.outputs)
@@ -276,8 +291,8 @@ class AgentHost:
         "dead-letter or drop it"."""
         try:
             return await run
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, OwnershipLost):
+            raise  # abandoned, not failed: the firing stays journaled for the next owner
         except Exception as exc:
             verdict = judge(
                 log,

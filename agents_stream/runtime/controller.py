@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..durable.ownership import OwnershipLost
 from .epochs import Epoch, EpochManager, EpochMode
 
 log = logging.getLogger("agents_stream.runtime")
@@ -356,7 +357,7 @@ class ExecutionController:
     def _finished(self, task: asyncio.Task[None]) -> None:
         item = self._running.pop(task)
         ok = not task.cancelled() and task.exception() is None
-        if not task.cancelled() and task.exception() is not None:
+        if not ok and not task.cancelled() and not isinstance(task.exception(), OwnershipLost):
             log.error("work for key %r crashed", item.key, exc_info=task.exception())
         self._busy.discard(item.key)
         self._release(item, ok)

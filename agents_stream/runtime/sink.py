@@ -10,6 +10,7 @@ from typing import Any
 from ..durable.ackfuture import AckFuture
 from ..durable.journal import ActionDone
 from ..durable.output_identity import OUTPUT_HEADER, output_prefix
+from ..durable.ownership import Ownership
 from ..durable.runner import each_sent
 from ..durable.values import plain_json
 from ..errors import KafkaIOError, PartialSendError, RecordRefusedError
@@ -40,8 +41,11 @@ class KafkaOutputSink:
         *,
         origin: str = "",
         output_log: OutputLog | None = None,
+        ownership: Ownership | None = None,
     ) -> None:
         self._producer = producer
+        # No output for an input partition this member does not hold (ownership.py).
+        self.ownership = ownership
         self._topic = topic
         self._codec = codec
         self._origin = origin
@@ -65,6 +69,8 @@ class KafkaOutputSink:
         whose outputs these are and their indexes among them (default: 0, 1, ...), for
         their identity headers. A failure that names the lost records is a
         :class:`PartialSendError` at position 0 (``landed``: the outputs in the log)."""
+        if self.ownership is not None:
+            self.ownership.check_partition(partition, "output")
         # The output keeps the input key; its partition follows from the key.
         record = self._record(key, values, stored, done, indexes)
         return _blamed(self._send(record), [record])
@@ -78,6 +84,10 @@ class KafkaOutputSink:
         the records at fault (:class:`PartialSendError`): every output of the others is
         durable, so they are finished rather than failed with them (a replay would send
         them again)."""
+        ownership = self.ownership
+        if ownership is not None:  # a batch is one partition's: one check, nearly always
+            for partition in {out[3].ref.partition for out in outputs if len(out) > 3}:
+                ownership.check_partition(partition, "output")
         records = [
             self._record(out[0], out[1], out[2], out[3] if len(out) > 3 else None, None)
             for out in outputs

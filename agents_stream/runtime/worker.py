@@ -41,6 +41,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Messa
 from ..app import App
 from ..durable.ackfuture import serve_due
 from ..durable.journal import TimerEntry
+from ..durable.ownership import Ownership
 from ..durable.pool import CodeBlockPool
 from ..errors import ConfigurationError, KafkaIOError
 from ..host.kit import DurableHost
@@ -70,6 +71,8 @@ TIMER_TICK = 0.05  # seconds between processing-time timer checks
 CONSUME_BATCH = 500  # records per consume call at most
 PAUSE_AFTER = 1.0  # seconds without room before the partitions are paused
 CONSUME_WAIT = 0.01  # seconds a consume waits for a batch to fill (idle: 100 calls/s)
+WATCHDOG_BEAT = 0.05  # seconds between the freeze watchdog's beats (durable/ownership.py)
+SERVE_SATURATED = 1.0  # seconds between consumer polls while no record can be taken
 
 
 class Worker(CommitProtocol, Rebalancing):
@@ -147,6 +150,14 @@ class Worker(CommitProtocol, Rebalancing):
         # exist; partitions whose caches are being rebuilt (not ready meanwhile).
         self.setup_hooks: list[Callable[[Worker], None]] = []
         self.rebuilding = 0
+        # Partitions released after a freeze that the consumer may still hold: taken
+        # again once a commit confirms the group membership (worker_rebalance.py).
+        # Holds of the assigned partitions (durable/ownership.py); its freeze limit is
+        # set from the consumer's session once the config is known.
+        self.ownership = Ownership()
+        self._unconfirmed: set[tuple[str, int]] = set()
+        self._verify_at = 0.0
+        self._last_poll = time.monotonic()
 
     # -- public -------------------------------------------------------------------------
     @staticmethod
@@ -207,6 +218,12 @@ class Worker(CommitProtocol, Rebalancing):
         )
         if app.agents:
             self._check_action_state(counts)
+        conf = consumer_config(self.broker, app.id, app.consumer_config)
+        # Holds of the assigned partitions, checked before every code block, journal
+        # record, output and commit (durable/ownership.py); a freeze of this process
+        # long enough for the session to expire suspends them all.
+        self.ownership.freeze_after = freeze_after(conf)
+        self._heartbeat_s = float(conf.get("heartbeat.interval.ms", 3000)) / 1000
         # Journal producer, store, runners, sinks and dead letters: the host kit builds
         # them the same way for every host.
         self.kit = DurableHost(
@@ -217,6 +234,7 @@ class Worker(CommitProtocol, Rebalancing):
             executor=self._pool,
             on_timers=self.timers.add,
             cancel=self._cancel,
+            ownership=self.ownership,
         )
         assert self.kit.producer is not None and self.kit.dlq is not None
         self.producer = self.kit.producer
@@ -258,7 +276,6 @@ class Worker(CommitProtocol, Rebalancing):
             aio.input: AsyncIOHost(aio, self.producer, self.dlq, origin=app.id)
             for aio in app.async_ios
         }
-        conf = consumer_config(self.broker, app.id, app.consumer_config)
         conf["enable.partition.eof"] = True  # arms held timers of caught-up partitions
         conf.setdefault("on_commit", self._commit_done)
         self.consumer = Consumer(conf)
@@ -267,6 +284,7 @@ class Worker(CommitProtocol, Rebalancing):
         )
         for hook in self.setup_hooks:
             hook(self)
+        self._start_watchdog()
 
     def _check_action_state(self, counts: dict[str, int]) -> None:
         """An existing ActionState topic must be co-partitioned with every agent input (a
@@ -358,6 +376,10 @@ class Worker(CommitProtocol, Rebalancing):
                     saturated_since = now
                 elif not self._paused and now - saturated_since >= PAUSE_AFTER:
                     await self._on_kafka(self._pause, True)
+                elif self._paused and now - self._last_poll >= SERVE_SATURATED:
+                    # Paused partitions return no records; the poll serves rebalance
+                    # callbacks (a revoke waits for them) and max.poll.interval.ms.
+                    self._handle(await self._on_kafka(self._consume, 1))
                 try:
                     await asyncio.wait_for(controller.wait_for_slots(low_water), 0.2)
                 except TimeoutError:
@@ -369,23 +391,31 @@ class Worker(CommitProtocol, Rebalancing):
             if slots == 0:  # records waiting for admission, none in flight: a moment
                 await asyncio.sleep(0.01)
                 continue
-            msgs = await self._on_kafka(self._consume, min(slots, CONSUME_BATCH))
-            for n, msg in enumerate(msgs):
-                if n & 63 == 63:
-                    serve_due()  # hundreds of records dispatched: acks meanwhile
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if (msg.topic(), msg.partition()) not in self._rewinds:
-                            self._arm((msg.topic(), msg.partition()))  # else not at its end
-                    else:
-                        log.warning("consumer error: %s", err)
-                    continue
-                self._dispatch(msg)
-            # The seeks of this batch's rewinds run on the Kafka thread before the next
-            # consume: what that returns for those partitions is fetched after them.
-            for rewind in self._rewinds.values():
-                rewind[2] = True
+            self._handle(await self._on_kafka(self._consume, min(slots, CONSUME_BATCH)))
+
+    def _handle(self, msgs: list[Message]) -> None:
+        for n, msg in enumerate(msgs):
+            if n & 63 == 63:
+                serve_due()  # hundreds of records dispatched: acks meanwhile
+            err = msg.error()
+            if err is not None:
+                code = err.code()
+                if code == KafkaError._PARTITION_EOF:
+                    if (msg.topic(), msg.partition()) not in self._rewinds:
+                        self._arm((msg.topic(), msg.partition()))  # else not at its end
+                elif code == KafkaError._MAX_POLL_EXCEEDED:
+                    # The consumer left the group: every partition may be another
+                    # member's already. Fenced now; the rebalance callbacks follow.
+                    self.ownership.suspend(f"max.poll.interval.ms exceeded ({err})")
+                    self._suspected()
+                else:
+                    log.warning("consumer error: %s", err)
+                continue
+            self._dispatch(msg)
+        # The seeks of this batch's rewinds run on the Kafka thread before the next
+        # consume: what that returns for those partitions is fetched after them.
+        for rewind in self._rewinds.values():
+            rewind[2] = True
 
     def _consume(self, most: int) -> list[Message]:
         """Up to ``most`` records, waiting at most ``CONSUME_WAIT`` for the first one.
@@ -395,6 +425,9 @@ class Worker(CommitProtocol, Rebalancing):
         100 ms before that). What is there is taken at once; with nothing there, the
         wait ends at the first record, and whatever came with it is taken too."""
         consumer = self.consumer
+        self._last_poll = time.monotonic()
+        if self._unconfirmed and self._last_poll >= self._verify_at:
+            self._confirm()  # partitions released after a freeze: still this member's?
         msgs = consumer.consume(most, 0)
         if msgs or most <= 1:
             return msgs or consumer.consume(1, CONSUME_WAIT)
@@ -576,6 +609,38 @@ class Worker(CommitProtocol, Rebalancing):
         if tp[0] in self._agents and self.timers.arm(self._agents[tp[0]].name, tp[1]):
             log.info("timers of %s[%d] armed (uncommitted input re-consumed)", *tp)
 
+    # -- freeze watchdog (durable/ownership.py) -----------------------------------------
+    def _start_watchdog(self) -> None:
+        """A daemon thread beats the ownership every ``WATCHDOG_BEAT``; after a gap over
+        its ``freeze_after`` (SIGSTOP, a VM pause) every hold is suspended by that beat,
+        and the loop is told to release them and ask the group."""
+        ownership, cancel, loop = self.ownership, self._cancel, self._loop
+        assert loop is not None
+
+        def watch() -> None:
+            while not cancel.wait(WATCHDOG_BEAT):
+                suspensions = ownership.suspensions
+                ownership.beat()
+                if ownership.suspensions != suspensions:
+                    try:
+                        loop.call_soon_threadsafe(self._suspected)
+                    except RuntimeError:  # the loop is closed: stopping anyway
+                        return
+
+        threading.Thread(target=watch, name="agents-stream-watchdog", daemon=True).start()
+
+    def _suspected(self) -> None:
+        """Loop thread: every hold is suspect (a freeze, or the consumer left the group).
+        Nothing of them runs or is written meanwhile (the checks fail); the Kafka thread
+        releases them and asks the group."""
+        why = self.ownership.suspended
+        if why is None:
+            return
+        self.stats["ownership_suspensions"] += 1
+        log.warning("%s: every partition is treated as lost until the group confirms", why)
+        assert self._loop is not None
+        self._loop.run_in_executor(self._kafka, self._after_freeze)
+
     def _fail(self, exc: BaseException) -> None:
         self.exit_code = 1
         assert self._stopping is not None
@@ -606,6 +671,15 @@ class Worker(CommitProtocol, Rebalancing):
             abandoned,
             ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items())) or "no records",
         )
+
+
+def freeze_after(conf: dict[str, Any]) -> float:
+    """Seconds of freeze after which this member's session may have expired: the last
+    heartbeat came up to one interval before the freeze began, and the coordinator
+    expires the session ``session.timeout.ms`` after it (half an interval of margin)."""
+    session = float(conf.get("session.timeout.ms", 45000))
+    heartbeat = float(conf.get("heartbeat.interval.ms", 3000))
+    return max(1.0, (session - 1.5 * heartbeat) / 1000)
 
 
 def _check_replication(app: App) -> None:

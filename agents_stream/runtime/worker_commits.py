@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer
 
     from ..app import App
+    from ..durable.ownership import Ownership
     from ..state.kafka import KafkaActionStateStore
     from .agent_host import AgentHost
     from .offsets import OffsetTracker
@@ -62,6 +63,7 @@ class CommitProtocol:
     _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
     _marker_floor: dict[tuple[str, int], int]
     _loop: asyncio.AbstractEventLoop | None
+    ownership: Ownership
 
     if TYPE_CHECKING:  # provided by the other units of the worker
 
@@ -106,11 +108,15 @@ class CommitProtocol:
             await self._on_kafka(self._prune, done)
 
     def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]:
-        """Loop thread: a snapshot of the offsets to commit."""
+        """Loop thread: a snapshot of the offsets to commit, of partitions held (none
+        while the holds are suspended: durable/ownership.py)."""
+        if self.ownership.suspended is not None:
+            return {}
+        lease = self.ownership.lease
         return {
             tp: o
             for tp, o in self.offsets.committable().items()
-            if (only is None or tp in only) and tp in self._owned
+            if (only is None or tp in only) and tp in self._owned and lease(*tp)
         }
 
     def _commit_offsets(

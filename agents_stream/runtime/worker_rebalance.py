@@ -5,7 +5,24 @@ consumer's rebalance callbacks.
 Rebalance protocol (on revoke): stop taking records of the revoked partitions and firing
 their timers, drain their in-flight records and firings up to ``shutdown_timeout``
 (abandon the rest: they were not committed, and replay from the journal on the next
-owner), commit, forget their bookkeeping, prune, close their caches.
+owner), commit, forget their bookkeeping, prune, close their caches. A revoke is
+cooperative: the group waits for it, nobody else owns the partitions meanwhile.
+
+On lost (the session expired, the consumer left the group after
+``max.poll.interval.ms``, or this process was frozen long enough for either: see
+``durable/ownership.py``), another member may run the partitions already. Fence first,
+then clean up, as Kafka Streams does for a zombie task: the holds are released before
+anything else (from then on no code block starts, no journal record, output, offset or
+completed-through marker is written for them), the in-flight work is cancelled at once,
+not drained, and nothing is committed.
+
+After a freeze the consumer may still hold its partitions (the session outlived it), or
+may learn only later that it does not. Every hold is released as if lost; once a
+heartbeat had time to come back, a synchronous commit of the partitions' committed
+offsets asks the coordinator (it refuses a member of an old generation): confirmed
+partitions are taken again from their committed offsets (their cache rebuilt, their
+uncommitted records run again with calls replayed), the others wait for the group's
+callbacks.
 On assign: catch up each partition's RocksDB cache from the ActionState topic before any
 record of it is processed.
 With the cooperative-sticky assignor (the default) the callbacks receive only the
@@ -20,8 +37,9 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from ..durable.ownership import Ownership
 from ..errors import KafkaIOError
 from ..state.recovery import RebuildCancelled
 from .timers import input_end
@@ -66,6 +84,12 @@ class Rebalancing:
     _arm_at: dict[tuple[str, int], int]
     _paused: bool
     _loop: asyncio.AbstractEventLoop | None
+    ownership: Ownership
+    consumer: Consumer
+    _unconfirmed: set[tuple[str, int]]
+    _verify_at: float
+    _heartbeat_s: float
+    shutdown_timeout: float
 
     if TYPE_CHECKING:  # provided by the other units of the worker
 
@@ -127,6 +151,7 @@ class Rebalancing:
                     self._load_timers, tp.topic, tp.partition, timers, arm_at, committed
                 )
             self._owned.add((tp.topic, tp.partition))
+            self.ownership.acquire(tp.topic, tp.partition)
         if self._paused:
             consumer.pause(partitions)
         self.rebuilding = 0
@@ -164,13 +189,17 @@ class Rebalancing:
         keep running. ``lost``: see :meth:`_on_lost`."""
         self._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
         revoked = {(tp.topic, tp.partition) for tp in partitions} & self._owned
+        self._unconfirmed -= {(tp.topic, tp.partition) for tp in partitions}
         if not revoked:
             return
+        if lost:  # fence first: from here on nothing of them runs or is written
+            for topic, partition in revoked:
+                self.ownership.release(topic, partition)
         assert self._loop is not None
         # This thread is blocked in the callback, so the loop side cannot call back into
         # it: the loop quiesces and snapshots, this thread commits, the loop forgets.
         abandoned, offsets = asyncio.run_coroutine_threadsafe(
-            self._quiesce(revoked), self._loop
+            self._quiesce(revoked, 0.0 if lost else self.shutdown_timeout), self._loop
         ).result()
         committed: dict[tuple[str, int], int] = {}
         if offsets and not lost:
@@ -183,9 +212,10 @@ class Rebalancing:
         done = asyncio.run_coroutine_threadsafe(
             self._forget(revoked, committed), self._loop
         ).result()
-        if marked:
+        if marked and not lost:
             self._prune(done)
         for topic, partition in revoked:
+            self.ownership.release(topic, partition)  # after the commit's own writes
             self._owned.discard((topic, partition))
             if topic in self._agents and self.store is not None:
                 self._state_refs[partition] -= 1
@@ -201,24 +231,66 @@ class Rebalancing:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions taken without a revoke (this member's session expired, e.g. after
-        a stall): another member may own them already, so neither offsets nor
+        a stall): another member may own them already, so they are fenced at once and
+        their in-flight work abandoned, not drained; neither offsets nor
         completed-through markers are written for them; their uncommitted records run
         again on the new owner, calls replayed from the journal."""
         log.warning("lost %s without a revoke (session expired?)", _fmt(partitions))
         self._on_revoke(consumer, partitions, lost=True)
 
+    def _after_freeze(self) -> None:
+        """Kafka thread, once the holds were suspended (see the module doc): release
+        every partition as lost, then let :meth:`_confirm` ask the group."""
+        held = [TopicPartition(t, p) for t, p in sorted(self._owned)]
+        if held:
+            self._on_revoke(self.consumer, held, lost=True)
+        self._unconfirmed |= {(tp.topic, tp.partition) for tp in held}
+        # librdkafka heartbeats on its own thread: after one interval (and a margin) it
+        # has heard whether the session survived, and delivers the loss on the next poll.
+        self._verify_at = time.monotonic() + self._heartbeat_s + 0.5
+        self.ownership.resume()  # nothing is held now; new assignments are real
+
+    def _confirm(self) -> None:
+        """Kafka thread: take back the partitions released after a freeze that the group
+        still gives this member. The coordinator accepts a commit only from a member of
+        the current generation, so one synchronous commit of their committed offsets (a
+        no-op for the group) is the confirmation."""
+        assignment = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        self._unconfirmed &= assignment
+        if not self._unconfirmed:
+            return
+        tps = [TopicPartition(t, p) for t, p in sorted(self._unconfirmed)]
+        try:
+            committed = self.consumer.committed(tps, timeout=self.shutdown_timeout)
+            known = [tp for tp in committed if tp.offset >= 0]
+            if known:
+                self.consumer.commit(offsets=known, asynchronous=False)
+        except Exception as exc:  # a stale generation, a rebalance under way: not yet
+            log.info("group did not confirm %s yet: %s", _fmt(tps), exc)
+            self._verify_at = time.monotonic() + 1.0
+            return
+        self._unconfirmed.clear()
+        for tp in committed:  # fetched again from the committed offset (or the start)
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            try:
+                self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            except Exception as exc:
+                log.warning("%s[%d]: seek to %d failed: %s", tp.topic, tp.partition, offset, exc)
+        log.info("group confirmed %s after the freeze: taking them again", _fmt(tps))
+        self._on_assign(self.consumer, tps)
+
     async def _quiesce(
-        self, revoked: set[tuple[str, int]]
+        self, revoked: set[tuple[str, int]], timeout: float
     ) -> tuple[int, dict[tuple[str, int], int]]:
         """Loop side of a revoke, before the commit: no timer of ``revoked`` fires from
         now on (a firing after the drain would run again on the next owner), then
-        their in-flight work is drained. Returns the abandoned count and the offsets
-        to commit."""
+        their in-flight work is drained for up to ``timeout`` (0: cancelled at once).
+        Returns the abandoned count and the offsets to commit."""
         for topic, partition in revoked:
             if topic in self._agents:
                 self.timers.drop(self._agents[topic].name, partition)
                 self._arm_at.pop((topic, partition), None)
-        abandoned = await self.controller.drain(revoked, self.shutdown_timeout)
+        abandoned = await self.controller.drain(revoked, timeout)
         return abandoned, self._committable(revoked)
 
     async def _forget(

@@ -28,6 +28,7 @@ from ..durable.journal import (
     TimerEntry,
     Tombstone,
 )
+from ..durable.ownership import Ownership
 from ..durable.store import ActionStateStore, all_of
 from ..kafka.producer import Ack, AckingProducer
 from ..serde.journal import JournalCodec
@@ -70,6 +71,9 @@ class KafkaActionStateStore(ActionStateStore):
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._flusher: threading.Thread | None = None
+        # Set by a host that owns partitions (the worker): no journal record is produced
+        # for a partition it does not hold (durable/ownership.py).
+        self.ownership: Ownership | None = None
         producer.on_acked(topic, self._on_acked)
 
     # -- partition lifecycle ----------------------------------------------------------
@@ -196,6 +200,8 @@ class KafkaActionStateStore(ActionStateStore):
 
     # -- writes -------------------------------------------------------------------------
     def append(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> Future[None]:
+        if self.ownership is not None:
+            self.ownership.check_partition(partition, "journal write")
         # Every action run appends (its ActionDone at least), nearly always one entry.
         encode, key_of = self._codec.encode, keys.entry_key_bytes
         if len(entries) == 1:
@@ -207,6 +213,8 @@ class KafkaActionStateStore(ActionStateStore):
         return self._producer.send_all(self.topic, records, partition=partition)
 
     def note(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> None:
+        if self.ownership is not None and not self.ownership.holds(partition):
+            return  # an emitted marker is a hint: the next owner looks the outputs up
         encode, key_of = self._codec.encode, keys.entry_key_bytes
         records = [(key_of(e), None if isinstance(e, Tombstone) else encode(e)) for e in entries]
         self._producer.send_untracked(self.topic, records, partition)
@@ -224,6 +232,8 @@ class KafkaActionStateStore(ActionStateStore):
         return self._tombstone(doomed, timer.partition)
 
     def _tombstone(self, raw_keys: Sequence[bytes], partition: int) -> Future[None]:
+        if self.ownership is not None:
+            self.ownership.check_partition(partition, "journal tombstone")
         records = [(k, None) for k in raw_keys]
         return self._producer.send_all(self.topic, records, partition=partition)
 
@@ -261,6 +271,8 @@ class KafkaActionStateStore(ActionStateStore):
                     )
                     if keys.is_legacy(keys.decode_identity(k))
                 ]
+        if self.ownership is not None and not self.ownership.holds(partition):
+            return  # pruning is the holder's: an entry left behind is only kept longer
         # Nobody waits for these: a lost tombstone only leaves an entry behind, so the
         # whole commit's tombstones of a partition go as one untracked group.
         self._producer.send_untracked(self.topic, [(k, None) for k in doomed], partition)

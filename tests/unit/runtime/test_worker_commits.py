@@ -125,6 +125,7 @@ def make_worker(tmp_path, consumer: FakeConsumer, offsets_fail: BaseException | 
     worker.store = FakeStore()  # type: ignore[assignment]
     worker._agents = {"in": object()}  # type: ignore[dict-item]
     worker._owned.add(TP)
+    worker.ownership.acquire(*TP)
     return worker
 
 

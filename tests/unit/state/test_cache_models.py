@@ -109,7 +109,9 @@ writes = st.lists(
 )
 
 
-@settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     writes,
     st.lists(st.booleans(), min_size=6, max_size=6),
