@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-crash test test-fast bench lint format clean venv
+.PHONY: demo demo-crash test test-fast bench kafka lint format clean venv
 
 venv: $(STAMP)
 
@@ -29,6 +29,9 @@ test-fast: venv  ## unit tests only
 bench: venv  ## throughput and latency tables against baselines measured in the same run
 	$(PY) -m pip install --quiet -e '.[dev,spark,faust,bench]'
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) bench/run_all.py
+
+kafka: venv  ## Apache Kafka 4.x (KRaft, one node) in the foreground on :9092; jars fetched once with mvn
+	$(PY) -m agents_stream.testing.kafka run $(KAFKA_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

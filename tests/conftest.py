@@ -1,4 +1,5 @@
-"""Session fixtures: one real broker subprocess for the whole run, unique topic names."""
+"""Session fixtures: one broker subprocess of each chosen kind (--broker) for the whole run,
+unique topic names."""
 
 from __future__ import annotations
 
@@ -6,28 +7,198 @@ import itertools
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
-from agents_stream.testing import EmbeddedBroker
+from agents_stream.testing import BrokerStartError, EmbeddedBroker
+from agents_stream.testing.kafka import KafkaBroker, KafkaUnavailable, kafka_missing
 from agents_stream.testing.process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 _names = itertools.count()
 
 
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """The embedded Tansu broker, or the cluster named by AGENTS_STREAM_TEST_BROKER."""
+BrokerKind = Literal["embedded", "kafka"]
+KINDS: tuple[BrokerKind, ...] = ("embedded", "kafka")
+
+
+class _Embedded(EmbeddedBroker):
+    """The embedded broker, saying which kind it is (tests branch on ``broker.kind``)."""
+
+    kind: BrokerKind = "embedded"
+
+
+@dataclass
+class _External:
+    """The cluster named by AGENTS_STREAM_TEST_BROKER: addresses only, never started. Taken
+    to be Apache Kafka (that is what the override is for)."""
+
+    host: str
+    port: int
+    kind: BrokerKind = "kafka"
+    pid: None = None
+    log_file: None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"kafka://{self.bootstrap}"
+
+
+AnyBroker = _Embedded | KafkaBroker | _External
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--broker",
+        choices=["embedded", "kafka", "both"],
+        default=None,
+        help="broker(s) the `broker` fixture runs tests against (default: "
+        "$AGENTS_STREAM_TEST_BROKERS or embedded); kafka starts Apache Kafka from Maven "
+        "Central jars (needs java 17+, and mvn for the first fetch)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "kafka_only: needs Apache Kafka (compaction, restarts...); skips on embedded"
+    )
+
+
+def _external() -> _External | None:
     external = os.environ.get("AGENTS_STREAM_TEST_BROKER")
-    if external:  # e.g. a real Kafka cluster: the same tests, no quirks
-        host, _, port = external.removeprefix("kafka://").rpartition(":")
-        yield EmbeddedBroker(port=int(port), host=host)  # never started: only addresses
+    if not external:
+        return None
+    host, _, port = external.removeprefix("kafka://").rpartition(":")
+    return _External(host, int(port))
+
+
+def broker_kinds(config: pytest.Config) -> list[BrokerKind]:
+    """Kinds chosen by --broker, else AGENTS_STREAM_TEST_BROKERS ("kafka", "both",
+    "embedded,kafka"); an external cluster replaces them all."""
+    if _external() is not None:
+        return ["kafka"]
+    chosen = config.getoption("--broker") or os.environ.get("AGENTS_STREAM_TEST_BROKERS")
+    chosen = (chosen or "embedded").strip().lower()
+    names = list(KINDS) if chosen == "both" else [n.strip() for n in chosen.split(",")]
+    bad = [n for n in names if n not in KINDS]
+    if bad or not names:
+        raise pytest.UsageError(
+            f"unknown broker kind(s) {bad}: use embedded, kafka or both "
+            "(--broker / AGENTS_STREAM_TEST_BROKERS)"
+        )
+    return [k for k in KINDS if k in names]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    external = _external()
+    where = f" (external {external.url})" if external else ""
+    return f"brokers: {', '.join(broker_kinds(config))}{where}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """With several kinds, every test that uses `broker` runs once per kind (ids
+    ``[embedded]`` / ``[kafka]``); kafka_only tests only on Kafka. With one kind nothing
+    is parametrized, so test ids stay as they were."""
+    if "broker" not in metafunc.fixturenames:
         return
-    log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    with EmbeddedBroker(log_file=log) as b:
-        yield b
+    chosen = broker_kinds(metafunc.config)
+    if len(chosen) == 1:
+        return
+    kafka_only = metafunc.definition.get_closest_marker("kafka_only") is not None
+    kinds = ["kafka"] if kafka_only else chosen
+    metafunc.parametrize("broker", kinds, indirect=True, scope="session")
+
+
+def _item_kind(item: pytest.Item, kinds: list[BrokerKind]) -> BrokerKind | None:
+    """The broker kind a collected test runs on (None: it does not use `broker`)."""
+    if "broker" not in getattr(item, "fixturenames", ()):
+        return None
+    callspec = getattr(item, "callspec", None)
+    param = callspec.params.get("broker") if callspec is not None else None
+    return param or kinds[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kinds = broker_kinds(config)
+    if "kafka" not in kinds:
+        skip = pytest.mark.skip(reason="needs Apache Kafka: run with --broker=kafka (or both)")
+        for item in items:
+            if item.get_closest_marker("kafka_only"):
+                item.add_marker(skip)
+        return
+    # No java, or no jars and no mvn: the Kafka runs skip, all under one line naming the fix.
+    missing = None if _external() is not None else kafka_missing()
+    if missing is not None:
+        skip = pytest.mark.skip(reason=f"Apache Kafka unavailable: {missing}")
+        for item in items:
+            if _item_kind(item, kinds) == "kafka":
+                item.add_marker(skip)
+
+
+class _Brokers:
+    """One broker of each kind per session, started on first use, stopped at the end.
+    Parametrized session fixtures may be torn down and set up again when pytest cannot
+    group all tests of one kind together; the brokers outlive that."""
+
+    def __init__(self, base: Path) -> None:
+        self._base = base
+        self._started: dict[BrokerKind, _Embedded | KafkaBroker] = {}
+        self._unavailable: str | None = None
+        self._failed: BrokerStartError | None = None
+
+    def get(self, kind: BrokerKind) -> AnyBroker:
+        external = _external()
+        if external is not None:
+            return external
+        if kind in self._started:
+            return self._started[kind]
+        if kind == "embedded":
+            embedded = _Embedded(log_file=self._base / "tansu.log")
+            embedded.start()
+            self._started[kind] = embedded
+            return embedded
+        if self._unavailable is not None:
+            pytest.skip(self._unavailable)
+        if self._failed is not None:  # one start attempt per session, not one per test
+            raise self._failed
+        kafka = KafkaBroker(data_dir=self._base / "kafka", log_file=self._base / "kafka.log")
+        try:
+            kafka.start()
+        except KafkaUnavailable as exc:  # e.g. mvn cannot reach Maven Central: skip
+            self._unavailable = f"Apache Kafka unavailable: {exc}"
+            pytest.skip(self._unavailable)
+        except BrokerStartError as exc:
+            self._failed = exc
+            raise
+        self._started[kind] = kafka
+        return kafka
+
+    def close(self) -> None:
+        for b in self._started.values():
+            b.stop()
+        self._started.clear()
+
+
+@pytest.fixture(scope="session")
+def _brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Brokers]:
+    brokers = _Brokers(tmp_path_factory.mktemp("brokers"))
+    yield brokers
+    brokers.close()
+
+
+@pytest.fixture(scope="session")
+def broker(request: pytest.FixtureRequest, _brokers: _Brokers) -> AnyBroker:
+    """The broker of this test's kind (``broker.kind``): the embedded Tansu broker or
+    Apache Kafka (--broker), or the cluster named by AGENTS_STREAM_TEST_BROKER."""
+    kind: BrokerKind = getattr(request, "param", None) or broker_kinds(request.config)[0]
+    return _brokers.get(kind)
 
 
 @pytest.fixture
