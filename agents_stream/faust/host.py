@@ -22,7 +22,9 @@ Lifecycle, in the order Faust drives it:
 3. Records: see :mod:`agents_stream.faust.records` (run, then ack; a replayed dead letter
    runs under its original offset).
 4. Revocation (``on_partitions_revoked``; Faust has waited for in-flight records to be
-   acked): close the revoked partitions' caches.
+   acked): fence the partitions (``durable/ownership.py``: a record of theirs still
+   running starts no code block and writes no journal record or output; it is left
+   unacked for the next owner), then close their caches.
 5. Every ``prune_interval``: tombstone the ActionStates of records below the offsets
    Faust committed (as the worker's pruning).
 6. Shutdown (``on_before_shutdown``): flush and close the producer, close the caches.
@@ -50,6 +52,7 @@ from ..agent import Agent
 from ..app import App, normalize_broker
 from ..durable.context import ContextConfig
 from ..durable.journal import InputProgress, TimerEntry
+from ..durable.ownership import Ownership
 from ..durable.payload import JSON, PayloadCodec
 from ..durable.pool import CodeBlockPool
 from ..durable.runner import OutputSink
@@ -187,6 +190,9 @@ class DurableAgent:
         self.kit: DurableHost | None = None
         self.handler: FaustRecordHandler | None = None
         self._owned: set[int] = set()
+        # Holds of the input partitions (durable/ownership.py): from Faust's revoke on,
+        # no code block starts and nothing is written for a partition.
+        self.ownership = Ownership()
         self._finished: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self._start_lock = asyncio.Lock()
         self._assign_lock = asyncio.Lock()
@@ -306,6 +312,7 @@ class DurableAgent:
             sinks={self.input: self._sink} if self._sink else None,
             produce=produce,
             on_timers=self._on_timers,
+            ownership=self.ownership,
         )
         self.producer = self.kit.producer
         self.store = self.kit.store
@@ -345,6 +352,7 @@ class DurableAgent:
                     replayed += await asyncio.to_thread(self.store.assign, partition)
             for partition in new:
                 self._load_progress(partition)
+                self.ownership.acquire(self.input, partition)
             self._owned.update(new)
         log.info(
             "%s: assigned %s[%s] (replayed %d journal records)",
@@ -384,6 +392,11 @@ class DurableAgent:
         await self._assign(tp.partition for tp in assigned if tp.topic == self.input)
 
     async def _on_revoked(self, sender: Any, revoked: Any, **_: Any) -> None:
+        # Fence first, before waiting for the lock: a record still running for these
+        # partitions starts no further code block and writes nothing from here on.
+        for tp in revoked:
+            if tp.topic == self.input:
+                self.ownership.release(self.input, tp.partition)
         async with self._assign_lock:
             for tp in revoked:
                 if tp.topic != self.input or tp.partition not in self._owned:

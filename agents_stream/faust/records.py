@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.policy import OnError, judge, record_where
 from ..runtime.dlq import REPLAY_HEADER, original_identity
@@ -249,7 +250,7 @@ class FaustRecordHandler:
     async def _failed(self, event: FaustEvent, record: RecordInput, exc: Exception) -> bool:
         msg = event.message
         where = record_where(msg.topic, record.partition, int(msg.offset), record.key)
-        if not self._owns(record.partition):
+        if isinstance(exc, OwnershipLost) or not self._owns(record.partition):
             self.stats["abandoned"] += 1
             log.info("%s abandoned: partition revoked while it ran (%r)", where, exc)
             return False

@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..durable.context import calls_in_flight
 from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -180,6 +181,21 @@ class WorkerCollector(Collector):
         yield _gauge(
             "code_block_threads_limit", "threads that run code blocks, at most", pool.max_workers
         )
+        # Every journaled call started and not yet journaled (sync and async actions): a
+        # SIGKILL now runs each of them again on the next owner (docs/operations.md).
+        yield _gauge(
+            "calls_in_flight",
+            "journaled calls running, not yet acknowledged (run again after a crash now)",
+            calls_in_flight(),
+        )
+        stats = w.stats
+        for name, doc in (
+            ("ownership_suspensions", "times every partition was fenced after a freeze"),
+            ("records_abandoned_not_owned", "records abandoned: their partition was lost"),
+        ):
+            counter = CounterMetricFamily(f"{PREFIX}_{name}", doc)
+            counter.add_metric([], stats.get(name, 0))
+            yield counter
         waited = CounterMetricFamily(
             f"{PREFIX}_code_blocks_waited", "code blocks that had to wait for a thread"
         )

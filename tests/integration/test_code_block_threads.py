@@ -74,3 +74,36 @@ def test_a_full_pool_is_visible_in_metrics_and_logs(broker, topic_factory, worke
     assert log.count("all 4 code-block threads are busy") == 1, log
     assert "--code-block-threads" in log
     assert worker.terminate() == 0
+
+
+def test_calls_in_flight_counts_the_calls_a_crash_now_would_run_again(
+    broker, topic_factory, worker_factory
+):
+    """Three calls held at a barrier that waits for five: ``calls_in_flight`` reads 3 while
+    they run (started, not journaled: a SIGKILL now runs them again on the next owner),
+    then 0 once they failed and were journaled as failures."""
+    env = _env(topic_factory, 5, 6)
+    create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=2)
+    port = free_port()
+    worker = worker_factory(
+        "tests.apps.slow_calls_app:app", env, extra_args=["--metrics-port", str(port)]
+    )
+    produce(broker.bootstrap, env["AS_INPUT"], [(f"k{i}", {"i": i}) for i in range(3)])
+    seen: list[float | None] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            _, text = get(port, "/metrics")
+        except OSError:  # not serving yet
+            time.sleep(0.2)
+            continue
+        seen.append(sample(text, "agents_stream_calls_in_flight"))
+        if seen[-1] == 3:
+            break
+        time.sleep(0.1)
+    assert seen and seen[-1] == 3, (seen[-5:], worker.log()[-2000:])
+    letters = wait_for_records(broker.bootstrap, f"{env['AS_INPUT']}-dlq", 3, timeout=60)
+    assert len(letters) == 3
+    _, text = get(port, "/metrics")
+    assert sample(text, "agents_stream_calls_in_flight") == 0, text
+    assert worker.terminate() == 0
