@@ -64,6 +64,7 @@ from .identity import (
     legacy_args_digest,
     reconciler_form,
 )
+from .inflight import Flight
 from .journal import (
     ActionRef,
     CallEntry,
@@ -186,12 +187,13 @@ def _run_guarded(
     target: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    check: Callable[[], None] | None = None,
+    flight: Flight | None = None,
 ) -> Any:
-    if check is not None:
+    if flight is not None:
         # Here, on the thread that runs it, not when it was queued: a pool thread may
-        # take the call after this member lost the partition (a SIGSTOP between).
-        check()
+        # take the call after this member lost the partition (a SIGSTOP between), or
+        # after its record was abandoned.
+        flight.enter()
     token = _IN_CODE_BLOCK.set(True)
     try:
         return target(*args, **kwargs)
@@ -201,9 +203,9 @@ def _run_guarded(
         _IN_CODE_BLOCK.reset(token)
 
 
-async def _in_code_block(awaitable: Awaitable[Any], check: Callable[[], None] | None = None) -> Any:
-    if check is not None:
-        check()  # when the task starts: a later loop round than the call
+async def _in_code_block(awaitable: Awaitable[Any], flight: Flight | None = None) -> Any:
+    if flight is not None:
+        flight.enter()  # when the task starts: a later loop round than the call
     _IN_CODE_BLOCK.set(True)  # this task's own context: released when it ends
     return await awaitable
 
@@ -218,15 +220,6 @@ class _Blocks:
     def __init__(self) -> None:
         self.running = 0
         self.thread = threading.get_ident()
-
-
-# Code blocks running in this process (every host): the calls a SIGKILL now would leave
-# unacknowledged, to run again on the next owner (the metrics' calls_in_flight).
-_CALLS_IN_FLIGHT = [0]
-
-
-def calls_in_flight() -> int:
-    return _CALLS_IN_FLIGHT[0]
 
 
 def _refuse_in_code_block(action: str, blocks: _Blocks | None, what: str) -> None:
@@ -294,16 +287,8 @@ class RunnerContext:
         if ownership is not None:
             ownership.check(self.ref.topic, self.ref.partition, self._lease)
 
-    def _check(self) -> Callable[[], None] | None:
-        return self.check_hold if self._config.ownership is not None else None
-
-    def _block_started(self) -> None:
-        self._blocks.running += 1
-        _CALLS_IN_FLIGHT[0] += 1
-
-    def _block_ended(self) -> None:
-        self._blocks.running -= 1
-        _CALLS_IN_FLIGHT[0] -= 1
+    def _flight(self) -> Flight:
+        return Flight(self.check_hold if self._config.ownership is not None else None)
 
     @property
     def short_term_memory(self) -> ShortTermMemory:
@@ -491,46 +476,51 @@ class RunnerContext:
                 self.check_hold()
                 pending = self._entry(index, call, CallStatus.PENDING, started)
                 await acked(self._append(pending))
+        flight = self._flight()
         tries = 0
-        while True:
-            tries += 1
-            try:
-                result = await self._invoke_async(index, call, reconciling)
-            except OwnershipLost:
-                raise  # not the call's outcome: nothing is journaled, the next owner runs it
-            except Exception as exc:
-                if call.retry is not None and call.retry.should_retry(exc, tries):
-                    await asyncio.sleep(call.retry.delay(tries))
-                    continue
-                entry = self._failed(index, call, started, exc, attempts + tries)
-                await acked(self._append(entry))
-                raise
-            entry, refusal = self._outcome(index, call, started, result, attempts + tries)
-            appended = self._append(entry)
-            if next(_ASYNC_RESULTS) & 15 == 15:
-                serve_due()
-            await acked(appended)
-            if refusal is not None:
-                raise refusal
-            return result
+        try:
+            while True:
+                tries += 1
+                try:
+                    result = await self._invoke_async(index, call, reconciling, flight)
+                except OwnershipLost:
+                    raise  # not the call's outcome: nothing journaled, the next owner runs it
+                except Exception as exc:
+                    if call.retry is not None and call.retry.should_retry(exc, tries):
+                        await asyncio.sleep(call.retry.delay(tries))
+                        continue
+                    entry = self._failed(index, call, started, exc, attempts + tries)
+                    await acked(self._append(entry))
+                    raise
+                entry, refusal = self._outcome(index, call, started, result, attempts + tries)
+                appended = self._append(entry)
+                if next(_ASYNC_RESULTS) & 15 == 15:
+                    serve_due()
+                await acked(appended)
+                if refusal is not None:
+                    raise refusal
+                return result
+        finally:
+            flight.land()
 
-    async def _invoke_async(self, index: int, call: _Call, reconciling: bool) -> Any:
+    async def _invoke_async(
+        self, index: int, call: _Call, reconciling: bool, flight: Flight
+    ) -> Any:
         target, args, kwargs = self._invocation(index, call, reconciling)
-        check = self._check()
-        self._block_started()
+        self._blocks.running += 1
         try:
             if inspect.iscoroutinefunction(target):
-                return await asyncio.create_task(_in_code_block(target(*args, **kwargs), check))
+                return await asyncio.create_task(_in_code_block(target(*args, **kwargs), flight))
             loop = asyncio.get_running_loop()
             ctx = contextvars.copy_context()
             result = await loop.run_in_executor(
-                self._config.executor, ctx.run, _run_guarded, target, args, kwargs, check
+                self._config.executor, ctx.run, _run_guarded, target, args, kwargs, flight
             )
             if inspect.isawaitable(result):
                 return await asyncio.create_task(_in_code_block(result))
             return result
         finally:
-            self._block_ended()
+            self._blocks.running -= 1
 
     def _finish_sync(
         self,
@@ -547,23 +537,43 @@ class RunnerContext:
         # A sync action's call runs in the pool (it may block on I/O); an async action's
         # runs inline, as documented (only its waits suspend).
         pooled = on_loop and not stepping()
-        check = self._check()
+        flight = self._flight()
+        try:
+            return self._attempts(index, call, started, attempts, target, args, kwargs,
+                                  on_loop, pooled, flight)  # fmt: skip
+        finally:
+            flight.land()  # acknowledged, failed, or abandoned (GreenletExit)
+
+    def _attempts(
+        self,
+        index: int,
+        call: _Call,
+        started: int,
+        attempts: int,
+        target: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_loop: bool,
+        pooled: bool,
+        flight: Flight,
+    ) -> Any:
+        """The attempts of a sync call, then its journaled outcome (acked)."""
         tries = 0
         while True:
             tries += 1
             error: Exception | None = None
-            self._block_started()
+            self._blocks.running += 1
             try:
                 if pooled:
-                    result = await_(self._in_pool(target, args, kwargs, check))
+                    result = await_(self._in_pool(target, args, kwargs, flight))
                 else:
-                    result = _run_guarded(target, args, kwargs, check)
+                    result = _run_guarded(target, args, kwargs, flight)
             except OwnershipLost:
-                raise  # not the call's outcome: nothing is journaled, the next owner runs it
+                raise  # not the call's outcome: nothing journaled, the next owner runs it
             except Exception as exc:
                 error = exc
             finally:
-                self._block_ended()
+                self._blocks.running -= 1
             if error is not None:
                 if call.retry is not None and call.retry.should_retry(error, tries):
                     delay = call.retry.delay(tries)
@@ -587,16 +597,16 @@ class RunnerContext:
         target: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        check: Callable[[], None] | None,
+        flight: Flight,
     ) -> Awaitable[Any] | Future[Any]:
         """A sync action on the loop (see ``bridge``) runs its code block in the pool:
         the block may block on I/O, the loop must not."""
         ctx = contextvars.copy_context()
         executor = self._config.executor
         if isinstance(executor, CodeBlockPool):
-            return executor.submit(ctx.run, _run_guarded, target, args, kwargs, check)
+            return executor.submit(ctx.run, _run_guarded, target, args, kwargs, flight)
         return asyncio.get_running_loop().run_in_executor(
-            executor, ctx.run, _run_guarded, target, args, kwargs, check
+            executor, ctx.run, _run_guarded, target, args, kwargs, flight
         )
 
     @staticmethod

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..durable.context import calls_in_flight
+from ..durable.inflight import calls_in_flight
 from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
