@@ -10,12 +10,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .agent import Agent
 from .durable.payload import JSON, PayloadCodec
 from .durable.values import register_codec, register_type
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .testing.kit import AgentTestContext
 
 BROKER_ENV = "AGENTS_STREAM_BROKER"
 
@@ -229,6 +232,13 @@ class App:
         )
         self.async_ios.append(binding)
         return binding
+
+    def test_context(self, *, code_block_threads: int = 8) -> AgentTestContext:
+        """Run this app's agents on records in-process, without a broker (Faust's
+        ``agent.test_context()``): see :class:`agents_stream.testing.AgentTestContext`."""
+        from .testing.kit import AgentTestContext  # the test kit builds on the whole host
+
+        return AgentTestContext(self, code_block_threads=code_block_threads)
 
     def resolve_broker(self, override: str | None = None) -> str | None:
         """Bootstrap servers: ``--broker`` > ``AGENTS_STREAM_BROKER`` > ``App(broker=)``."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 COMMAND_MODULES = (
     "agents_stream.cli.worker",
     "agents_stream.cli.broker",
+    "agents_stream.cli.topics",
     "agents_stream.cli.state",
     "agents_stream.cli.dlq",
     "agents_stream.cli.schemas",
@@ -41,7 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse takes positionals only before the first option of a subcommand:
+        # `produce TOPIC -A app REC` leaves REC over; it is one of the records.
+        if isinstance(getattr(args, "records", None), list) and not any(
+            e.startswith("-") for e in extra
+        ):
+            args.records += extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -20,12 +20,17 @@ from ..durable.journal import (
     progress_identity,
     ref_identity,
 )
+from ..durable.ownership import Ownership
 from ..durable.store import ActionStateStore, completed_future
 
 Identity = tuple[object, ...]
 
 
 class InMemoryActionStateStore(ActionStateStore):
+    # As the Kafka store's (state/kafka.py): with holds to check, no write for a partition
+    # not held (the test kit simulates a crash by releasing one).
+    ownership: Ownership | None = None
+
     def __init__(self, entries: Sequence[JournalEntry] = ()) -> None:
         self._lock = threading.Lock()
         self._entries: dict[Identity, JournalEntry] = {}
@@ -89,6 +94,8 @@ class InMemoryActionStateStore(ActionStateStore):
             ]
 
     def append(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> Future[None]:
+        if self.ownership is not None:
+            self.ownership.check_partition(partition, "journal write")
         with self._lock:
             for entry in entries:
                 if isinstance(entry, Tombstone):

@@ -1,0 +1,371 @@
+"""``agents-stream produce`` and ``agents-stream tail``: put records on a topic and watch
+what comes out, with the worker's client configuration.
+
+A newcomer's loop is "send an input, see the output" without writing a Kafka client;
+an operator's is "what is on this topic right now, with which identity headers". Both
+commands read with ``assign()`` (no consumer group: no join wait, nothing committed) and
+take the same broker and client settings as the worker (``--broker``,
+``AGENTS_STREAM_BROKER``, ``--kafka-config``, ``AGENTS_STREAM_KAFKA_*``, and with ``-A``
+the App's). With ``-A`` values go through the App's codec of that topic (Avro when the
+agent binding has a schema), else they are JSON text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Producer
+from confluent_kafka import TopicPartition as TP
+
+from ..app import BROKER_ENV, App, normalize_broker
+from ..errors import AgentsStreamError, ConfigurationError
+from ..kafka.config import CONFIG_FILE_ENV, configure, producer_config, reader_config
+from ..serde.values import JsonValueCodec, value_codec
+from .common import add_log_args, load_app, setup_logging
+
+EPILOG = f"""\
+broker: --broker, else ${BROKER_ENV}, else App(broker=) of -A.
+client settings: -A's App(kafka_config), then --kafka-config (default ${CONFIG_FILE_ENV}),
+then AGENTS_STREAM_KAFKA_<PROPERTY> variables (AGENTS_STREAM_KAFKA_SASL_PASSWORD ->
+sasl.password), as for the worker.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "produce",
+        help="send records to a topic (JSON, or the App's codec with -A)",
+        description=(
+            "Send records to TOPIC. A record is JSON text, or KEY=JSON to give it a key "
+            "(the text before the first '=' is the key when it does not start with { [ or "
+            '"). Records come from the RECORD arguments, else from --file, else from '
+            "stdin, one per line (blank lines and lines starting with # are skipped). "
+            "Waits up to --timeout for the topic to exist (a worker creates its topics "
+            "when it starts) and for every record to be acknowledged."
+        ),
+        epilog=EPILOG
+        + "\nexamples:\n"
+        + '  agents-stream produce tickets \'u-1={"text": "refund please"}\'\n'
+        + '  agents-stream produce tickets --key u-2 \'{"text": "hello"}\'\n'
+        + "  agents-stream produce orders -A examples.payments:app --file orders.jsonl\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("topic", help="topic to write to")
+    p.add_argument("records", nargs="*", metavar="RECORD", help="JSON, or KEY=JSON")
+    p.add_argument("-k", "--key", default=None, help="key of records that give none")
+    p.add_argument(
+        "-f", "--file", default=None, metavar="PATH", help="records, one per line ('-': stdin)"
+    )
+    p.add_argument("-p", "--partition", type=int, default=None, help="partition (default: by key)")
+    p.add_argument(
+        "-H",
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header for every record (repeatable)",
+    )
+    _add_client_args(p)
+    p.set_defaults(func=run_produce)
+
+    t = sub.add_parser(
+        "tail",
+        help="print a topic's records: partition, offset, key, value, headers",
+        description=(
+            "Print TOPIC's records as they arrive, one line each: topic[partition]@offset, "
+            "key, value (decoded with the App's codec with -A, else JSON or text) and "
+            "headers (an output's x-agents-stream-output header is its identity). Reads "
+            "every partition without a consumer group and commits nothing. Runs until "
+            "interrupted, --max records, or --timeout seconds."
+        ),
+        epilog=EPILOG
+        + "\nexamples:\n"
+        + "  agents-stream tail triaged --max 2 --timeout 60\n"
+        + "  agents-stream tail receipts -A examples.payments:app --from end --json\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument("topic", help="topic to read")
+    t.add_argument(
+        "--from",
+        dest="start",
+        choices=["beginning", "end"],
+        default="beginning",
+        help="start at the beginning of each partition (default) or at its end",
+    )
+    t.add_argument("-n", "--max", type=int, default=None, help="stop after this many records")
+    t.add_argument("--partition", type=int, default=None, help="only this partition")
+    t.add_argument("--json", action="store_true", help="one JSON object per record")
+    _add_client_args(t)
+    t.set_defaults(func=run_tail)
+
+
+def _add_client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-A", "--app", default=None, help="module:attribute of an App (codec, broker)")
+    p.add_argument(
+        "-b", "--broker", default=None, help=f"kafka://host:port (default: ${BROKER_ENV})"
+    )
+    p.add_argument(
+        "--kafka-config",
+        metavar="PATH",
+        default=os.environ.get(CONFIG_FILE_ENV),
+        help=f"librdkafka properties file (default: ${CONFIG_FILE_ENV})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds: produce waits this long for the topic and the acks (default 30); "
+        "tail stops after it (default: never)",
+    )
+    add_log_args(p)
+
+
+# -- shared ----------------------------------------------------------------------------
+def _setup(args: argparse.Namespace) -> tuple[str, App | None]:
+    setup_logging(args.loglevel)
+    app = load_app(args.app) if args.app else None
+    configure(app.kafka_config if app else None, args.kafka_config)
+    url = args.broker or os.environ.get(BROKER_ENV) or (app.broker if app else None)
+    if not url:
+        raise ConfigurationError(
+            f"no broker: pass --broker kafka://host:port, set {BROKER_ENV}, or -A an App "
+            "with broker="
+        )
+    return normalize_broker(url), app
+
+
+def _codec(app: App | None, topic: str) -> Any:
+    """The App's codec of ``topic`` (an agent's input or output schema), else JSON."""
+    if app is not None:
+        for b in app.agents:
+            schema = b.input_schema if b.input == topic else None
+            if b.output == topic:
+                schema = b.output_schema
+            if schema is not None:
+                return value_codec(
+                    schema, registry_url=app.schema_registry_url, subject=f"{topic}-value"
+                )
+    return JsonValueCodec()
+
+
+def _partitions(bootstrap: str, topic: str, wait: float) -> list[int]:
+    """The topic's partitions, waiting up to ``wait`` s for it to exist."""
+    probe = Consumer(reader_config(bootstrap))
+    deadline = time.monotonic() + wait
+    try:
+        while True:
+            try:
+                md = probe.list_topics(topic, timeout=min(5.0, max(wait, 0.5)))
+            except Exception as exc:
+                raise ConfigurationError(
+                    f"cannot reach the Kafka cluster at {bootstrap}: {exc}; check --broker / "
+                    f"{BROKER_ENV}"
+                ) from exc
+            found = md.topics.get(topic)
+            if found is not None and found.error is None and found.partitions:
+                return sorted(found.partitions)
+            if time.monotonic() >= deadline:
+                raise ConfigurationError(
+                    f"topic {topic!r} does not exist on {bootstrap} (waited {wait:.0f}s): "
+                    "start the worker that creates it, or create it (kafka-topics --create)"
+                )
+            time.sleep(0.2)
+    finally:
+        probe.close()
+
+
+# -- produce ---------------------------------------------------------------------------
+def parse_record(text: str, default_key: str | None) -> tuple[str | None, Any]:
+    """``JSON`` or ``KEY=JSON`` -> (key, value); ValueError with the reason."""
+    head, sep, rest = text.partition("=")
+    if sep and head and head[0] not in '{["' and not head.strip().lstrip("-").isdigit():
+        key, body = head, rest
+    else:
+        key, body = default_key, text
+    try:
+        return key, json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at column {exc.colno}): {body[:60]!r}") from None
+
+
+def _lines(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """(where, text) of every record given."""
+    if args.records:
+        for n, text in enumerate(args.records, 1):
+            yield f"argument {n}", text
+        return
+    if args.file in (None, "-"):
+        if args.file is None and sys.stdin.isatty():
+            raise ConfigurationError("no records: give RECORD arguments, --file PATH or stdin")
+        source: Iterable[str] = sys.stdin
+        name = "stdin"
+    else:
+        try:
+            source = open(args.file, encoding="utf-8")  # noqa: SIM115 - read to the end below
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read --file {args.file}: {exc.strerror}") from exc
+        name = args.file
+    for n, line in enumerate(source, 1):
+        text = line.strip()
+        if text and not text.startswith("#"):
+            yield f"{name} line {n}", text
+
+
+def run_produce(args: argparse.Namespace) -> int:
+    try:
+        bootstrap, app = _setup(args)
+        codec = _codec(app, args.topic)
+        headers = [_header(h) for h in args.header]
+        records = []
+        for where, text in _lines(args):
+            try:
+                key, value = parse_record(text, args.key)
+                records.append((key, codec.encode(value)))
+            except (ValueError, AgentsStreamError) as exc:
+                raise ConfigurationError(f"{where}: {exc}") from None
+        timeout = 30.0 if args.timeout is None else args.timeout
+        partitions = _partitions(bootstrap, args.topic, timeout)
+        if args.partition is not None and args.partition not in partitions:
+            raise ConfigurationError(
+                f"--partition {args.partition}: {args.topic} has partitions 0-{len(partitions) - 1}"
+            )
+        sent = _send(bootstrap, args.topic, records, args.partition, headers, timeout)
+    except AgentsStreamError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"produced {len(sent)} record(s) to {args.topic}: " + ", ".join(sent), flush=True)
+    return 0
+
+
+def _header(text: str) -> tuple[str, bytes]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ConfigurationError(f"--header {text!r}: expected NAME=VALUE")
+    return name, value.encode()
+
+
+def _send(
+    bootstrap: str,
+    topic: str,
+    records: list[tuple[str | None, bytes]],
+    partition: int | None,
+    headers: list[tuple[str, bytes]],
+    timeout: float,
+) -> list[str]:
+    conf = producer_config(bootstrap)
+    conf.pop("enable.idempotence", None)  # a tool: plain acks=all is enough
+    conf["message.timeout.ms"] = max(1000, int(timeout * 1000))
+    producer = Producer(conf)
+    landed: list[str] = []
+    failed: list[str] = []
+
+    def report(err: Any, msg: Any) -> None:
+        if err is not None:
+            failed.append(str(err))
+        else:
+            landed.append(f"[{msg.partition()}]@{msg.offset()}")
+
+    for key, value in records:
+        extra: dict[str, Any] = {"partition": partition} if partition is not None else {}
+        producer.produce(
+            topic,
+            value,
+            key=key.encode() if key is not None else None,
+            headers=headers or None,
+            on_delivery=report,
+            **extra,
+        )
+        producer.poll(0)
+    producer.flush(timeout)
+    if failed or len(landed) < len(records):
+        raise ConfigurationError(
+            f"{len(landed)} of {len(records)} record(s) acknowledged by {bootstrap}: "
+            + (failed[0] if failed else f"no acknowledgement within {timeout:.0f}s")
+        )
+    return landed
+
+
+# -- tail ------------------------------------------------------------------------------
+def run_tail(args: argparse.Namespace) -> int:
+    try:
+        bootstrap, app = _setup(args)
+        codec = _codec(app, args.topic)
+        partitions = _partitions(bootstrap, args.topic, 30.0)
+        if args.partition is not None:
+            if args.partition not in partitions:
+                raise ConfigurationError(
+                    f"--partition {args.partition}: {args.topic} has partitions "
+                    f"0-{len(partitions) - 1}"
+                )
+            partitions = [args.partition]
+    except AgentsStreamError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    start = OFFSET_BEGINNING if args.start == "beginning" else OFFSET_END
+    consumer = Consumer(reader_config(bootstrap, {"enable.partition.eof": False}))
+    consumer.assign([TP(args.topic, p, start) for p in partitions])
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    seen = 0
+    try:
+        while args.max is None or seen < args.max:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    print(f"error: {err}", file=sys.stderr)
+                continue
+            print(_render(msg, codec, as_json=args.json), flush=True)
+            seen += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    if args.max is not None and seen < args.max:
+        print(f"tail: {seen} of {args.max} record(s) before the timeout", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _render(msg: Any, codec: Any, *, as_json: bool) -> str:
+    raw_key, raw = msg.key(), msg.value()
+    key = raw_key.decode("utf-8", "backslashreplace") if raw_key is not None else None
+    value: Any
+    if raw is None:
+        value = None  # a tombstone
+    else:
+        try:
+            value = codec.decode(raw)
+        except Exception:  # not the codec's: shown as text (or bytes) rather than hidden
+            value = raw.decode("utf-8", "backslashreplace")
+    headers = {
+        name: (v.decode("utf-8", "backslashreplace") if v is not None else None)
+        for name, v in (msg.headers() or [])
+    }
+    if as_json:
+        return json.dumps(
+            {
+                "topic": msg.topic(),
+                "partition": msg.partition(),
+                "offset": msg.offset(),
+                "timestamp": msg.timestamp()[1],
+                "key": key,
+                "value": value,
+                "headers": headers,
+            },
+            default=str,
+        )
+    shown = json.dumps(value, default=str) if not isinstance(value, str) else value
+    line = f"{msg.topic()}[{msg.partition()}]@{msg.offset()} key={key} {shown}"
+    if headers:
+        line += "  " + " ".join(f"{k}={v}" for k, v in headers.items())
+    return line
