@@ -59,6 +59,7 @@ class AgentHost:
         # (partition, offset) of finished records whose journal must outlive the commit:
         # dead letters (a replay meets it) and replays (they run under an older seq).
         self._keep: set[tuple[int, int]] = set()
+        self._tombstones_seen: set[int] = set()  # partitions whose first one was logged
 
     @property
     def name(self) -> str:
@@ -172,9 +173,11 @@ class AgentHost:
         tombstone), an exception when it cannot be decoded (it goes to the DLQ)."""
         self.counts["in"] += 1
         raw = msg.value()
-        if raw is None and self.binding.tombstones == "skip":
-            self._stats["tombstones_skipped"] += 1
-            return None  # finished: committed like any other record
+        if raw is None:
+            self._tombstone(msg)
+            if self.binding.tombstones == "skip":
+                self._stats["tombstones_skipped"] += 1
+                return None  # finished: committed like any other record
         try:
             value = None if raw is None else self._codec.decode(raw)
         except Exception as exc:
@@ -227,6 +230,20 @@ class AgentHost:
             await self._dead_letter(msg, "action", outcome)
             return
         self._finished(msg, record, outcome)
+
+    def _tombstone(self, msg: Message) -> None:
+        """Counted (``agents_stream_agent_tombstones_total``) and said once per partition:
+        a producer sending null values is worth knowing about before the shutdown line."""
+        self.counts["tombstones"] += 1
+        if msg.partition() not in self._tombstones_seen:
+            self._tombstones_seen.add(msg.partition())
+            log.info(
+                "%s[%d]@%d: a tombstone (null value, key %r): %s; logged once per partition",
+                msg.topic(), msg.partition(), msg.offset(), msg.key(),
+                "skipped and committed" if self.binding.tombstones == "skip"
+                else "delivered as InputEvent(input=None)",
+                extra=record_fields(msg.topic(), msg.partition(), msg.offset(), None),
+            )  # fmt: skip
 
     def _abandoned(self, msg: Message, exc: OwnershipLost) -> None:
         self._stats["records_abandoned_not_owned"] += 1

@@ -216,21 +216,40 @@ class WorkerCollector(Collector):
             "records an agent dead-lettered, by stage (decode, action)",
             labels=["agent", "topic", "stage"],
         )
+        tombstones = CounterMetricFamily(
+            f"{PREFIX}_agent_tombstones",
+            "input records with a null value (skipped unless tombstones='deliver')",
+            labels=["agent", "topic"],
+        )
         for topic, host in _snapshot(getattr(w, "_agents", {})):
             counts = _snapshot(host.counts)
             rin.add_metric([host.name, topic], dict(counts).get("in", 0))
             rout.add_metric([host.name, topic], dict(counts).get("out", 0))
+            tombstones.add_metric([host.name, topic], dict(counts).get("tombstones", 0))
             for name, n in counts:
                 if name.startswith("failed:"):
                     failed.add_metric([host.name, topic, name.split(":", 1)[1]], n)
-        return [rin, rout, failed]
+        return [rin, rout, failed, tombstones]
 
     def _lag(self, w: Worker, owned: list[tuple[str, int]]) -> Iterable[Metric]:
-        """High watermark (cached from the last fetch: no broker round trip) minus the
-        consumer's position, per owned partition."""
+        """Per owned partition, from the high watermark cached by the last fetch (no
+        broker round trip): the lag an alert should watch, high watermark minus the
+        committed position (records fetched but not finished are still lag: a worker
+        with 200 records stuck in flight is 200 behind, not 0); the records fetched and
+        not finished; and the fetch lag (high watermark minus the consumer position)."""
         lag = GaugeMetricFamily(
             f"{PREFIX}_consumer_lag",
-            "records between the consumer position and the high watermark",
+            "records not yet committed: high watermark minus the committed position",
+            labels=["topic", "partition"],
+        )
+        unfinished = GaugeMetricFamily(
+            f"{PREFIX}_records_unfinished",
+            "records fetched and started, not yet finished (part of consumer_lag)",
+            labels=["topic", "partition"],
+        )
+        fetch_lag = GaugeMetricFamily(
+            f"{PREFIX}_fetch_lag",
+            "records not yet fetched: high watermark minus the consumer position",
             labels=["topic", "partition"],
         )
         committed = GaugeMetricFamily(
@@ -238,22 +257,32 @@ class WorkerCollector(Collector):
             "last offset committed by this worker",
             labels=["topic", "partition"],
         )
+        offsets = getattr(w, "offsets", None)
+        trackers = dict(_snapshot(offsets.partitions)) if offsets is not None else {}
         consumer = getattr(w, "consumer", None)
         if consumer is not None and owned:
             try:
                 positions = consumer.position([TopicPartition(t, p) for t, p in owned])
                 for tp in positions:
                     _, high = consumer.get_watermark_offsets(tp, cached=True)
-                    if tp.offset >= 0 and high >= 0:
-                        lag.add_metric([tp.topic, str(tp.partition)], max(high - tp.offset, 0))
+                    if tp.offset < 0 or high < 0:
+                        continue
+                    labels = [tp.topic, str(tp.partition)]
+                    fetch_lag.add_metric(labels, max(high - tp.offset, 0))
+                    tracker = trackers.get((tp.topic, tp.partition))
+                    base = tp.offset  # nothing fetched since the assignment
+                    if tracker is not None:
+                        unfinished.add_metric(labels, tracker.in_flight)
+                        base = tracker.committed
+                        if base < 0:  # nothing committed yet: the oldest unfinished record
+                            base = tracker.oldest
+                    lag.add_metric(labels, max(high - base, 0))
             except Exception as exc:  # closing, or a partition revoked meanwhile
                 log.debug("lag not collected: %s", exc)
-        offsets = getattr(w, "offsets", None)
-        if offsets is not None:
-            for (topic, partition), tracker in _snapshot(offsets.partitions):
-                if tracker.committed >= 0:
-                    committed.add_metric([topic, str(partition)], tracker.committed)
-        return [lag, committed]
+        for (topic, partition), tracker in trackers.items():
+            if tracker.committed >= 0:
+                committed.add_metric([topic, str(partition)], tracker.committed)
+        return [lag, unfinished, fetch_lag, committed]
 
 
 def _owned(w: Worker) -> frozenset[tuple[str, int]]:

@@ -36,6 +36,11 @@ class PartitionOffsets:
         return self._next
 
     @property
+    def oldest(self) -> int:
+        """The lowest offset started and not finished, else one past the highest."""
+        return self._heap[0] if self._heap else self._next
+
+    @property
     def in_flight(self) -> int:
         return len(self._open)
 

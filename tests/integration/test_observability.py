@@ -105,3 +105,72 @@ def test_metrics_port_in_use_fails_fast(broker, topic_factory, worker_factory):
         assert worker.proc.wait(30) == 1
     last = worker.log().strip().splitlines()[-1]
     assert "cannot serve metrics" in last and "--metrics-port" in last, last
+
+
+def test_lag_counts_records_fetched_but_not_finished(broker, topic_factory, worker_factory):
+    """40 records whose calls wait at a barrier that never fills: nothing finishes, so
+    nothing is committed. The lag an alert watches is 40 (it read 0 when it was the
+    fetch lag: every record was fetched), and records_unfinished says where they are.
+    Once the barrier gives up (the records are dead-lettered, finished) it falls to 0."""
+    env = {"AS_APP_ID": topic_factory("app"), "AS_INPUT": topic_factory("in"),
+           "AS_OUTPUT": topic_factory("out"), "AS_PARTIES": "1000", "AS_WAIT_S": "8"}  # fmt: skip
+    create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=2)
+    port = free_port()
+    worker = worker_factory(
+        "tests.apps.slow_calls_app:app", env, extra_args=["--metrics-port", str(port)]
+    )
+    n = 40
+    produce(broker.bootstrap, env["AS_INPUT"], [(f"k{i}", {"i": i}) for i in range(n)])
+
+    def total(text: str, name: str) -> float:
+        values = [sample(text, name, topic=env["AS_INPUT"], partition=str(p)) for p in range(2)]
+        return sum(v or 0 for v in values)
+
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            _, text = get(port, "/metrics")
+        except OSError:
+            time.sleep(0.2)
+            continue
+        seen.append((total(text, "agents_stream_consumer_lag"),
+                     total(text, "agents_stream_records_unfinished")))  # fmt: skip
+        if seen[-1] == (n, n):
+            break
+        time.sleep(0.2)
+    assert seen and seen[-1] == (n, n), (seen[-5:], worker.log()[-2000:])
+    assert total(text, "agents_stream_fetch_lag") == 0  # what the old gauge showed
+    wait_for_records(broker.bootstrap, f"{env['AS_INPUT']}-dlq", n, timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        _, text = get(port, "/metrics")
+        if total(text, "agents_stream_consumer_lag") == 0:
+            break
+        time.sleep(0.3)
+    assert total(text, "agents_stream_consumer_lag") == 0, text
+    assert total(text, "agents_stream_records_unfinished") == 0
+    assert worker.terminate() == 0
+
+
+def test_tombstones_are_counted_and_said_once_per_partition(broker, topic_factory, worker_factory):
+    env = {"AS_APP_ID": topic_factory("app"), "AS_INPUT": topic_factory("in"),
+           "AS_OUTPUT": topic_factory("out")}  # fmt: skip
+    create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=1)
+    port = free_port()
+    worker = worker_factory("tests.apps.ops_app:app", env, extra_args=["--metrics-port", str(port)])
+    produce(
+        broker.bootstrap, env["AS_INPUT"], [("k", None), ("k", None), ("k", b'{"i": 1}')], raw=True
+    )
+    wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 1, timeout=60)
+    labels = {"agent": "Echo", "topic": env["AS_INPUT"]}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        _, text = get(port, "/metrics")
+        if sample(text, "agents_stream_agent_tombstones_total", **labels) == 2:
+            break
+        time.sleep(0.2)
+    assert sample(text, "agents_stream_agent_tombstones_total", **labels) == 2, text
+    log = worker.log()
+    assert log.count("a tombstone (null value") == 1, log
+    assert worker.terminate() == 0
