@@ -61,6 +61,7 @@ def main() -> int:
             first = worker(1)
             produce(broker.bootstrap, "orders", orders[:CRASH_AFTER])
             wait_for_records(broker.bootstrap, "receipts", CRASH_AFTER, timeout=60)
+            before = len(_charges(ledger))
             (latch / "park-charge").touch()
             produce(broker.bootstrap, "orders", orders[CRASH_AFTER:])
             parked = latch / "parked-charge"
@@ -70,12 +71,23 @@ def main() -> int:
                     print(first.log(), file=sys.stderr)
                     raise SystemExit("the worker never reached the charge latch")
                 time.sleep(0.05)
-            interrupted = _charges(ledger)[-1]
+            time.sleep(0.5)  # the other customers' orders reach the latch too
+            in_flight = _charges(ledger)[before:]
             first.kill()
+            # Orders of different customers (keys) run concurrently, one per customer at
+            # a time: every customer with an order in flight parked in its charge.
             print(
-                f"\nSIGKILL worker {first.proc.pid if first.proc else '?'} inside the charge "
-                f"{interrupted[0]} ({interrupted[1]} {interrupted[2]:.2f}): the provider "
-                "charged it, its result was never journaled\n"
+                f"\nSIGKILL worker {first.proc.pid if first.proc else '?'} with "
+                f"{len(in_flight)} charge(s) parked after the provider took the money and "
+                "before the result was journaled (one per customer with an order in flight: "
+                "other keys run concurrently):"
+            )
+            for call_id, customer, amount in in_flight:
+                print(f"  {customer} {amount:8.2f}  {call_id}")
+            print(
+                "Each has PENDING in the journal (written before the charge started), so the "
+                "next worker runs the reconciler, which finds the charge at the provider, "
+                "instead of charging again.\n"
             )
             (latch / "park-charge").unlink()
 
@@ -110,7 +122,7 @@ def report(orders: list, receipts: list, ledger: Path) -> int:
         n = charges.get(charge_id, 0) if charge_id else 0
         expected = 1 if receipt.get("status") == "charged" else 0
         wrong += n != expected
-        note = "reconciled after the crash" if charge_id in reconciled else ""
+        note = "in flight at the kill: reconciled, not charged again" if charge_id in reconciled else ""
         print(
             f"{order['order']:<6} {order['customer']:<8} {order['amount']:>7.2f} "
             f"{receipt.get('status', 'missing'):<9} {n:>7}  {note}"
@@ -120,8 +132,9 @@ def report(orders: list, receipts: list, ledger: Path) -> int:
         print(f"\nFAILED: {wrong} orders charged other than once, {len(stray)} unknown charges")
         return 1
     print(
-        f"\nevery order charged exactly once ({sum(charges.values())} charges in the ledger, "
-        f"{len(reconciled)} reconciled)"
+        f"\nevery order charged exactly once ({sum(charges.values())} charges in the ledger; "
+        f"the {len(reconciled)} in flight at the kill were reconciled from their PENDING "
+        "slots, the ones journaled before it replayed, the rest charged once by the new worker)"
     )
     return 0
 
