@@ -20,6 +20,8 @@ decoder's walk and checks, building only those fields, about twice as fast.
 
 from __future__ import annotations
 
+import itertools
+import linecache
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +32,9 @@ Decoder = Callable[[bytes, int], "tuple[Any, int]"]
 
 _SMALL = 1 << 14
 _PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes", "string"))
+
+
+_BUILDS = itertools.count(1)
 
 
 class Misfit(Exception):
@@ -233,7 +238,12 @@ class _Compiler:
         self.lines.append("    " * ind + line)
 
     def build(self, name: str) -> Any:
-        exec(compile("\n".join(self.lines), f"<avro {name}>", "exec"), self.ns)
+        source = "\n".join(self.lines) + "\n"
+        # Registered with linecache under a name of its own: a traceback through generated
+        # code shows its lines (and pdb can step through them), not a bare "<avro ...>".
+        filename = f"<avro {name} #{next(_BUILDS)}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), self.ns)
         return self.ns[name]
 
 
