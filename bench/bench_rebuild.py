@@ -39,12 +39,12 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from agents_stream.durable import keys
 from agents_stream.durable.journal import ActionDone, ActionRef, CallEntry, CallStatus
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.kafka.config import producer_config, reader_config
 from agents_stream.kafka.producer import AckingProducer
 from agents_stream.serde.journal import JournalCodec, default_journal_codec
 from agents_stream.state.cache import PartitionCache
 from agents_stream.state.kafka import KafkaActionStateStore
-from agents_stream.state.keys import entry_key_bytes
 from agents_stream.state.recovery import BATCH
 from agents_stream.testing import EmbeddedBroker
 

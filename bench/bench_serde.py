@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable
 
 from agents_stream.durable.journal import ActionRef, CallEntry, CallStatus
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde import default_journal_codec
 from agents_stream.serde.avro import AvroSerde
 from agents_stream.serde.journal import JournalCodec
 from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
-from agents_stream.state.keys import entry_key_bytes
 
 ENTRY = CallEntry(
     ActionRef("user-12345", 987654, "Scoring.process#1", partition=5),

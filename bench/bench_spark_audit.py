@@ -51,10 +51,10 @@ from agents_stream.durable.journal import (
     CallStatus,
     ExceptionInfo,
 )
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde.journal import default_journal_codec
 from agents_stream.spark import get_spark, read_kafka
 from agents_stream.spark.jobs.audit import run_audit
-from agents_stream.state.keys import entry_key_bytes
 from agents_stream.testing import EmbeddedBroker
 
 

@@ -56,12 +56,12 @@ from ..durable.ownership import Ownership
 from ..durable.payload import JSON, PayloadCodec
 from ..durable.pool import CodeBlockPool
 from ..durable.runner import OutputSink
+from ..durable.store import ActionStateStore
 from ..errors import ConfigurationError
 from ..host.kit import DurableHost
 from ..kafka.admin import TopicAdmin, TopicSpec, compacted
 from ..kafka.config import configure
 from ..kafka.producer import AckingProducer
-from ..state.base import ActionStateStore
 from ..state.kafka import KafkaActionStateStore
 from .lanes import KeyLanes
 from .records import FaustEvent, FaustRecordHandler, OnError, record_key

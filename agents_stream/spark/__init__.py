@@ -8,9 +8,7 @@
   ``agents-stream spark ...``).
 
 :mod:`.session` builds a session with the source registered; the names below are
-re-exported from all three for convenience. The flat modules of earlier releases
-(``agents_stream.spark.kafka_source``, ``.options``, ``.offsets``, ``.record_reader``,
-``.action_state``, ``.journal_rows``, ``.state_writer``) still import, as aliases.
+re-exported from all three for convenience.
 
 Nothing here is imported by the streaming runtime, and importing this package does not
 import PySpark: names are resolved on first use, so ``agents_stream.spark.errors`` and

@@ -16,10 +16,10 @@ import pytest
 from confluent_kafka import Producer
 
 from agents_stream.durable.journal import ActionRef, CallEntry, CallStatus
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.kafka.admin import TopicAdmin, compacted
 from agents_stream.kafka.config import producer_config
 from agents_stream.serde.journal import default_journal_codec
-from agents_stream.state.keys import entry_key_bytes
 from agents_stream.testing.topics import create_topics
 from tests.fault.scenario import wait_log
 

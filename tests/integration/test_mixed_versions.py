@@ -28,11 +28,11 @@ from agents_stream.durable.journal import (
     ExceptionInfo,
     JournalEntry,
 )
+from agents_stream.durable.keys import call_key, entry_key_bytes
 from agents_stream.kafka.admin import TopicAdmin, compacted
 from agents_stream.serde.avro import AvroSerde
 from agents_stream.serde.journal import JournalCodec, default_journal_codec
 from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
-from agents_stream.state.keys import call_key, entry_key_bytes
 from agents_stream.testing.topics import create_topics, produce, read_topic, wait_for_records
 from tests.apps import versions_app
 from tests.apps.effects import connect

@@ -28,9 +28,9 @@ import pytest
 from confluent_kafka import Producer
 
 from agents_stream.durable.journal import ActionDone, ActionRef
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.kafka.admin import TopicAdmin, compacted
 from agents_stream.serde.journal import default_journal_codec
-from agents_stream.state.keys import entry_key_bytes
 from agents_stream.testing.topics import create_topics, produce, read_topic, wait_for_records
 
 pytestmark = pytest.mark.broker

@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import Producer
 
 from agents_stream.durable.journal import ActionDone, ActionRef, CallEntry, CallStatus
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.kafka.admin import TopicAdmin, compacted
 from agents_stream.serde import default_journal_codec
 from agents_stream.state import recovery
 from agents_stream.state.cache import CHECKPOINT_KEY, PartitionCache
-from agents_stream.state.keys import entry_key_bytes
 
 pytestmark = pytest.mark.broker
 

@@ -17,11 +17,11 @@ from agents_stream.durable.journal import (
     ExceptionInfo,
     MemorySnapshot,
 )
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde import default_journal_codec
 from agents_stream.serde.avro import AvroSerde
 from agents_stream.serde.journal import JournalCodec
 from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
-from agents_stream.state.keys import entry_key_bytes
 
 pytestmark = pytest.mark.broker
 _modules = itertools.count()

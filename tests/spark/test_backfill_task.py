@@ -11,9 +11,9 @@ from agents_stream import Agent, App, InputEvent, OutputEvent, RunnerContext, ac
 from agents_stream.durable import ActionRef, CallStatus
 from agents_stream.durable.errors import NonDeterminismError
 from agents_stream.durable.journal import CallEntry, InputProgress
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde.journal import default_journal_codec
 from agents_stream.spark.jobs.backfill_task import BackfillTask, InputRecord, run_partition
-from agents_stream.state.keys import entry_key_bytes
 
 RAN: list[int] = []
 

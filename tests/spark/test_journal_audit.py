@@ -23,6 +23,7 @@ from agents_stream.durable.journal import (
     MemorySnapshot,
     Truncation,
 )
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde.journal import default_journal_codec
 from agents_stream.spark.frames.journal_audit import (
     AUDIT_ARROW_SCHEMA,
@@ -36,7 +37,6 @@ from agents_stream.spark.frames.journal_rows import (
     decode_record,
     journal_batch,
 )
-from agents_stream.state.keys import entry_key_bytes
 
 NOW, STUCK_AFTER = 10_000_000, 60_000
 CODEC = default_journal_codec()

@@ -16,6 +16,7 @@ from agents_stream.durable.journal import (
     ExceptionInfo,
     MemorySnapshot,
 )
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde import default_journal_codec
 from agents_stream.spark.frames.action_state import read_journal
 from agents_stream.spark.frames.journal_rows import (
@@ -24,7 +25,6 @@ from agents_stream.spark.frames.journal_rows import (
     journal_batch,
 )
 from agents_stream.spark.source.errors import KafkaSourceOptionError
-from agents_stream.state.keys import entry_key_bytes
 from tests.unit.serde.fixtures import journal_entries, sample_entries
 
 CODEC = default_journal_codec()

@@ -22,8 +22,8 @@ from agents_stream.durable.journal import (
     ExceptionInfo,
     Truncation,
 )
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.spark.frames import ActionStateWriter
-from agents_stream.state.keys import entry_key_bytes
 from agents_stream.testing.topics import create_topics, produce, wait_for_records
 from tests.apps.effects import connect
 from tests.apps.spark_app import Pipeline

@@ -19,13 +19,13 @@ from agents_stream import Agent, InputEvent, OutputEvent, RunnerContext, action
 from agents_stream.durable import ActionRef, CallStatus, ContextConfig
 from agents_stream.durable.identity import args_digest, function_id
 from agents_stream.durable.journal import CallEntry
+from agents_stream.durable.keys import call_key, entry_key_bytes
 from agents_stream.durable.payload import JSON
 from agents_stream.durable.runner import ActionRunner, RecordInput
 from agents_stream.kafka.producer import Ack
 from agents_stream.serde.journal import default_journal_codec
 from agents_stream.state import InMemoryActionStateStore
 from agents_stream.state.kafka import KafkaActionStateStore
-from agents_stream.state.keys import call_key, entry_key_bytes
 
 POOL = ThreadPoolExecutor(2)
 CFG = ContextConfig(app_id="app", worker_id="w1", codec=JSON, executor=POOL)

@@ -115,7 +115,7 @@ def test_registry_credentials_in_urls_are_redacted() -> None:
 
 
 def test_spark_source_options_carry_the_common_config() -> None:
-    from agents_stream.spark.options import KafkaSourceOptions, source_options
+    from agents_stream.spark.source.options import KafkaSourceOptions, source_options
 
     config.configure({"client.id": "spark-probe", "sasl.password": SECRET})
     options = source_options("h:1", "t", **{"kafka.client.id": "per-read"})

@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents_stream.durable.errors import JournalDecodeError
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde import default_journal_codec
 from agents_stream.serde.errors import ValueDecodeError
 from agents_stream.serde.values import value_codec
-from agents_stream.state.keys import entry_key_bytes
 
 from .fixtures import journal_entries
 

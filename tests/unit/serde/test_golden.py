@@ -21,9 +21,9 @@ from agents_stream.durable.journal import (
     TimerUpdate,
     Truncation,
 )
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde import default_journal_codec
 from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
-from agents_stream.state.keys import entry_key_bytes
 
 GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden" / JOURNAL_RECORD_TYPE
 REF = ActionRef("user-1", 42, "Scoring.process#1", partition=3)

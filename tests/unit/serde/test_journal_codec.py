@@ -7,11 +7,11 @@ from hypothesis import given, settings
 
 from agents_stream.durable.errors import JournalDecodeError
 from agents_stream.durable.journal import CallEntry, CallStatus, ExceptionInfo
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde import default_journal_codec
 from agents_stream.serde.avro import AvroSerde
 from agents_stream.serde.journal import JournalCodec
 from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
-from agents_stream.state.keys import entry_key_bytes
 
 from .fixtures import REF, journal_entries, sample_entries
 

@@ -24,12 +24,12 @@ from agents_stream.durable.journal import (
     SentEvent,
     TimerUpdate,
 )
+from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde import ValueEncodeError, default_journal_codec
 from agents_stream.serde.avro import AvroSerde
 from agents_stream.serde.compiled import _varint
 from agents_stream.serde.journal import JournalCodec
 from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
-from agents_stream.state.keys import entry_key_bytes
 
 from .fixtures import sample_entries
 
