@@ -5,7 +5,7 @@ prints per dead letter its source position, key, stage and error. ``replay`` pro
 chosen dead letters back to their source partition, key, value and headers as they were,
 plus ``x-replay-of: <topic>/<partition>/<offset>``; the worker runs a replayed record
 under that original identity, so calls its first attempt journaled are replayed, not
-executed again (see :mod:`agents_stream.runtime.dlq`). Replaying one record twice is
+executed again (see :mod:`agents_stream.host.dlq`). Replaying one record twice is
 harmless: the second copy finds its actions completed and skips them.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AgentsStreamError, ConfigurationError, KafkaIOError
-from ..runtime.dlq import DLQ_HEADERS, replay_header, replay_of
+from ..host.dlq import DLQ_HEADERS, replay_header, replay_of
 from .common import add_app_args, configure_clients, load_app, setup_logging
 
 

@@ -4,7 +4,7 @@
 ms>/<index>``: the action that produced it (the journal identity of its input record),
 when that action finished (a record reusing the offset of a recreated topic cannot
 match), and which of its outputs it is. Recovery looks outputs up by it
-(``runtime/output_log.py``); the Spark audit counts duplicates by it. Async I/O outputs,
+(``host/output_log.py``); the Spark audit counts duplicates by it. Async I/O outputs,
 journaled nowhere, carry ``async_io:<fn>`` and the input record's timestamp in those two
 fields (``runtime/async_io.py``): the same on every run over that input.
 """

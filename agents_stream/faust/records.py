@@ -36,8 +36,8 @@ from typing import Any, Protocol
 
 from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
+from ..host.dlq import REPLAY_HEADER, original_identity
 from ..host.policy import OnError, judge, record_where
-from ..runtime.dlq import REPLAY_HEADER, original_identity
 
 log = logging.getLogger("agents_stream.faust")
 
@@ -128,7 +128,7 @@ def replayed_offset(msg: FaustMessage, headers: dict[str, bytes]) -> int | None:
 
 class ConfluentLikeMessage:
     """A Faust message seen through the confluent-kafka ``Message`` accessors that
-    :class:`~agents_stream.runtime.dlq.DeadLetters` reads."""
+    :class:`~agents_stream.host.dlq.DeadLetters` reads."""
 
     def __init__(self, msg: Any) -> None:
         self._msg = msg

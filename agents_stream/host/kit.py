@@ -40,12 +40,12 @@ from ..durable.runner import ActionRunner, OutputSink, TimersHook
 from ..durable.store import ActionStateStore
 from ..kafka.config import delivery_timeout_ms, producer_config
 from ..kafka.producer import AckingProducer
-from ..runtime.dlq import DeadLetters
-from ..runtime.output_log import OutputLog
-from ..runtime.sink import KafkaOutputSink
 from ..serde.journal import default_journal_codec
 from ..serde.values import ValueCodec, value_codec
 from ..state.kafka import KafkaActionStateStore
+from .dlq import DeadLetters
+from .output_log import OutputLog
+from .sink import KafkaOutputSink
 
 log = logging.getLogger("agents_stream.host")
 

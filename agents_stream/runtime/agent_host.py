@@ -28,8 +28,8 @@ from ..durable.acks import acked
 from ..durable.journal import TimerEntry
 from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
+from ..host.dlq import REPLAY_HEADER, DeadLetters, original_identity
 from ..host.policy import judge, record_where
-from .dlq import REPLAY_HEADER, DeadLetters, original_identity
 from .logs import record_fields
 
 log = logging.getLogger("agents_stream.worker")

@@ -45,9 +45,9 @@ from ..aio import AsyncWaitOperator, Element, OperatorClosedError
 from ..app import AsyncIOBinding
 from ..durable.output_identity import OUTPUT_HEADER
 from ..durable.store import all_of
+from ..host.dlq import DeadLetters
 from ..kafka.producer import AckingProducer
 from ..serde.values import ValueCodec, value_codec
-from .dlq import DeadLetters
 from .watermarks import WatermarkGenerator, monotonic_ms
 
 log = logging.getLogger("agents_stream.async_io")

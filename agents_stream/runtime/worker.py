@@ -478,7 +478,7 @@ class Worker(CommitProtocol, Rebalancing):
             if ok:
                 tracker.finish(offset)
                 host = self._agents.get(topic)
-                # A dead letter's journal is kept for its replay (runtime/dlq.py).
+                # A dead letter's journal is kept for its replay (host/dlq.py).
                 if host is None or not host.keeps_journal(partition, offset):
                     heappush(self._finished[(topic, partition)], (offset, key))
                 self.stats["records"] += 1

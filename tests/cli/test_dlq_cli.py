@@ -6,7 +6,7 @@ import pytest
 
 from agents_stream.cli.dlq import DeadLetter, _positions, _select, format_letter
 from agents_stream.errors import ConfigurationError
-from agents_stream.runtime.dlq import replay_header
+from agents_stream.host.dlq import replay_header
 
 
 def letter(offset: int, *headers: tuple[str, bytes]) -> DeadLetter:

@@ -2,7 +2,7 @@
 
 Lost inputs, acknowledged calls executed again and duplicate outputs must all be 0 (an
 output acked just before a kill, whose emitted marker was not, is found in the output
-topic by the next owner and not sent again: ``runtime/output_log.py``)."""
+topic by the next owner and not sent again: ``host/output_log.py``)."""
 
 from __future__ import annotations
 

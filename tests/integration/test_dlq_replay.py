@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agents_stream.runtime.dlq import original_identity, replay_header
+from agents_stream.host.dlq import original_identity, replay_header
 from agents_stream.testing.topics import create_topics, produce, read_topic, wait_for_records
 from tests.apps.effects import connect
 

@@ -110,7 +110,7 @@ def test_output_log_reads_again_only_when_it_may_have_missed_something(broker, t
     """OutputLog against the broker: a question reads the output topic once; later ones
     read nothing until partitions are assigned (mark_stale), another input partition is
     asked about, or the question reaches further back in time."""
-    from agents_stream.runtime.output_log import OutputLog
+    from agents_stream.host.output_log import OutputLog
 
     out = topic_factory("out")
     create_topics(broker.bootstrap, [out], partitions=2)

@@ -17,9 +17,9 @@ import time
 import pytest
 
 from agents_stream.durable.output_identity import OUTPUT_HEADER
+from agents_stream.host.output_log import OutputLog
 from agents_stream.kafka.admin import TopicAdmin, compacted
 from agents_stream.kafka.config import producer_config
-from agents_stream.runtime.output_log import OutputLog
 from agents_stream.serde.journal import default_journal_codec
 from agents_stream.spark.jobs.backfill import run_backfill
 from agents_stream.spark.jobs.backfill_task import (

@@ -43,9 +43,9 @@ from pyspark.sql import functions as F
 
 from ...app import App
 from ...errors import ConfigurationError
+from ...host.output_log import OutputLog
 from ...kafka.admin import TopicAdmin, compacted
 from ...kafka.config import delivery_timeout_ms, producer_config
-from ...runtime.output_log import OutputLog
 from ...serde.journal import default_journal_codec
 from ..frames.action_state import compact
 from ..source.datasource import read_kafka

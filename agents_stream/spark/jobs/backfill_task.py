@@ -24,7 +24,7 @@ the outputs not yet in that topic with their identity headers (``sends``, ``send
 what the worker's sink would send) and the emitted markers to journal once they are
 acked (``mark_keys``, ``mark_values``); the driver side (``emit_rows``) produces the
 former, then writes the latter. A job that dies in between leaves outputs whose headers
-a recovering worker finds (``runtime/output_log.py``), as after a worker crash.
+a recovering worker finds (``host/output_log.py``), as after a worker crash.
 
 An action that raises is reported in the record's ``error`` (the worker would send the
 record to its DLQ) and the partition goes on.
@@ -50,8 +50,8 @@ from ...durable.pool import CodeBlockPool
 from ...durable.runner import ActionRunner, RecordInput
 from ...errors import KafkaIOError
 from ...host.kit import DurableHost
+from ...host.output_log import OutputLog
 from ...kafka.config import delivery_timeout_ms, producer_config
-from ...runtime.output_log import OutputLog
 from ...serde.journal import default_journal_codec
 from ...serde.values import JsonValueCodec
 from ...state.memory import InMemoryActionStateStore

@@ -31,8 +31,8 @@ from agents_stream.durable.context import ContextConfig
 from agents_stream.durable.journal import ActionDone
 from agents_stream.durable.payload import JSON
 from agents_stream.durable.runner import ActionRunner, RecordInput, RecordOutcome
+from agents_stream.host.sink import KafkaOutputSink
 from agents_stream.kafka.producer import AckingProducer
-from agents_stream.runtime.sink import KafkaOutputSink
 from agents_stream.serde.values import JsonValueCodec
 from agents_stream.state.memory import InMemoryActionStateStore
 from tests.unit.runtime.test_sink_batches import Msg

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents_stream.errors import PartialSendError, RecordRefusedError
+from agents_stream.host.sink import KafkaOutputSink
 from agents_stream.kafka.producer import AckingProducer
-from agents_stream.runtime.sink import KafkaOutputSink
 from agents_stream.serde.values import JsonValueCodec
 
 
@@ -130,7 +130,7 @@ def test_a_failure_that_names_no_records_fails_them_all_with_its_own_error() -> 
     from concurrent.futures import Future
 
     from agents_stream.errors import KafkaIOError
-    from agents_stream.runtime.sink import _blamed
+    from agents_stream.host.sink import _blamed
 
     sent: Future[None] = Future()
     blamed = _blamed(sent, [(b"k0", [b"1"]), (b"k1", [b"2"])])

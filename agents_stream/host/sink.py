@@ -24,7 +24,7 @@ _Record = tuple[bytes, list[bytes], list[list[tuple[str, bytes]]] | None]
 
 class KafkaOutputSink:
     """An agent's outputs to its output topic, each with its identity in a header
-    (``x-agents-stream-output``, see ``runtime/output_log.py``); with an ``output_log``
+    (``x-agents-stream-output``, see ``host/output_log.py``); with an ``output_log``
     it also answers which outputs of an action are in the topic already."""
 
     # The runner may call send from the producer's thread (chained on an ActionDone ack):
