@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "agents_stream.cli.worker",
     "agents_stream.cli.broker",
     "agents_stream.cli.topics",
+    "agents_stream.cli.acls",
     "agents_stream.cli.state",
     "agents_stream.cli.dlq",
     "agents_stream.cli.schemas",

@@ -1,0 +1,125 @@
+"""``agents-stream acls``: the Kafka ACLs an app's workers need, generated from the app.
+
+An operator of a cluster with an authorizer grants each principal exactly what it uses;
+guessing from the docs misses a topic (the output topic is also *read*, to find outputs
+already sent after a crash) or grants too much. The list comes from the same App the
+worker runs, so it cannot drift from the topics the worker touches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from ..app import App
+from ..errors import AgentsStreamError
+from .common import load_app
+
+
+@dataclass(frozen=True)
+class Acl:
+    resource: str  # "topic", "group" or "cluster"
+    name: str
+    operations: tuple[str, ...]
+    why: str
+
+
+def app_acls(app: App, *, create_topics: bool = True) -> list[Acl]:
+    """Every ACL a worker of ``app`` needs (and the CLI tools run with its config)."""
+    out: list[Acl] = []
+    create = ("Create",) if create_topics else ()
+    inputs = list(app.input_topics)
+    for topic in inputs:
+        out.append(Acl("topic", topic, ("Read", "Describe", *create),
+                       "input: consumed by the group"))  # fmt: skip
+        out.append(Acl("topic", f"{topic}-dlq", ("Write", "Read", "Describe", *create),
+                       "dead letters: written by the worker, read by `dlq show|replay`"))  # fmt: skip
+    outputs = [b.output for b in app.agents if b.output]
+    for topic in outputs:
+        out.append(Acl("topic", topic, ("Write", "Read", "Describe", *create),
+                       "output: written; read after a crash to find outputs already sent"))  # fmt: skip
+    for aio in app.async_ios:
+        out.append(Acl("topic", aio.output, ("Write", "Describe", *create),
+                       "Async I/O output: written"))  # fmt: skip
+    if app.agents:
+        out.append(Acl("topic", app.action_state_topic,
+                       ("Write", "Read", "Describe", "DescribeConfigs", *create),
+                       "ActionState journal: written, read to rebuild the cache, its "
+                       "cleanup.policy checked at startup"))  # fmt: skip
+        # Write on a topic also covers the idempotent producer (KIP-679); clusters older
+        # than Kafka 2.8 need IdempotentWrite on the cluster as well.
+    out.append(Acl("group", app.id, ("Read", "Describe"),
+                   "the consumer group of the workers (offsets, rebalances)"))  # fmt: skip
+    # The cache rebuild, the output lookup and the CLI readers use assign() with no
+    # commits: no group ACL is needed for their generated group ids.
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "acls",
+        help="print the Kafka ACLs an app's workers need (kafka-acls commands or a table)",
+        description=(
+            "Print every ACL a principal running the workers of -A needs on a cluster with "
+            "an authorizer: read on its inputs and group, write (and read) on its "
+            "output, dead-letter and ActionState topics, create on the topics the worker "
+            "creates (--no-create when they are created beforehand). Nothing is sent to "
+            "the cluster."
+        ),
+        epilog=(
+            "example:\n"
+            "  agents-stream acls -A examples.payments:app --principal User:payments "
+            "--bootstrap kafka:9093\n"
+            "then run the printed kafka-acls commands with an admin's --command-config."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-A", "--app", required=True, help="the App, as module:attribute")
+    p.add_argument(
+        "--principal", default="User:<principal>", help="the workers' principal (User:NAME)"
+    )
+    p.add_argument(
+        "--bootstrap",
+        default="<bootstrap>",
+        help="--bootstrap-server value put in the printed commands",
+    )
+    p.add_argument(
+        "--no-create",
+        action="store_true",
+        help="topics are created beforehand: no Create ACL (the worker then only checks them)",
+    )
+    p.add_argument(
+        "--format",
+        choices=["commands", "table"],
+        default="commands",
+        help="kafka-acls commands (default) or a table",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        app = load_app(args.app)
+    except AgentsStreamError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not args.principal.startswith(("User:", "Group:")) or args.principal.endswith(":"):
+        print(f"error: --principal {args.principal!r}: expected User:NAME", file=sys.stderr)
+        return 1
+    acls = app_acls(app, create_topics=not args.no_create)
+    if args.format == "table":
+        width = max(len(f"{a.resource} {a.name}") for a in acls)
+        for a in acls:
+            where = f"{a.resource} {a.name}"
+            print(f"{where:<{width}}  {','.join(a.operations):<44}  {a.why}")
+        return 0
+    print(f"# ACLs of app {app.id!r} for {args.principal} (agents-stream acls)")
+    for a in acls:
+        ops = " ".join(f"--operation {op}" for op in a.operations)
+        print(f"# {a.why}")
+        print(
+            f"kafka-acls --bootstrap-server {args.bootstrap} --add --allow-principal "
+            f"{args.principal} {ops} --{a.resource} {a.name}"
+        )
+    return 0

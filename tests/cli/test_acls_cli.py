@@ -1,0 +1,52 @@
+"""``agents-stream acls``: the ACLs an app needs, from the app (no cluster)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from agents_stream.cli.acls import app_acls
+from examples.payments import app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agents_stream", "acls", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_every_topic_the_worker_touches_and_its_group():
+    acls = {(a.resource, a.name): set(a.operations) for a in app_acls(app)}
+    assert acls[("topic", "orders")] == {"Read", "Describe", "Create"}
+    assert acls[("topic", "orders-dlq")] == {"Write", "Read", "Describe", "Create"}
+    assert acls[("topic", "receipts")] == {"Write", "Read", "Describe", "Create"}
+    assert acls[("topic", "payments-action-state")] >= {"Write", "Read", "DescribeConfigs"}
+    assert acls[("group", "payments")] == {"Read", "Describe"}
+    assert len(acls) == 5
+    assert all("Create" not in a.operations for a in app_acls(app, create_topics=False))
+
+
+def test_commands_and_table():
+    out = cli("-A", "examples.payments:app", "--principal", "User:pay", "--bootstrap", "k:9093")
+    assert out.returncode == 0, out.stderr
+    commands = [ln for ln in out.stdout.splitlines() if ln.startswith("kafka-acls ")]
+    assert len(commands) == 5
+    assert (
+        "kafka-acls --bootstrap-server k:9093 --add --allow-principal User:pay "
+        "--operation Read --operation Describe --operation Create --topic orders"
+    ) in commands
+    assert any(c.endswith("--group payments") for c in commands)
+    table = cli("-A", "examples.payments:app", "--format", "table", "--no-create")
+    assert table.returncode == 0 and "Create" not in table.stdout
+    assert "topic payments-action-state" in table.stdout
+
+
+def test_bad_input_is_one_line():
+    bad = cli("-A", "examples.payments:app", "--principal", "payments")
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "User:NAME" in bad.stderr
+    missing = cli("-A", "nope.module:app")
+    assert missing.returncode == 1 and "cannot import" in missing.stderr
