@@ -17,7 +17,8 @@ from .errors import (
 )
 from .journal import ActionDone, ActionRef, CallEntry, CallStatus, MemorySnapshot, Truncation
 from .payload import JsonCodec, PickleCodec
-from .runner import ActionRunner, OutputSink, RecordInput, RecordOutcome
+from .runner import ActionRunner, RecordInput, RecordOutcome
+from .sink import OutputSink, Sink, SinkItem
 from .values import register_codec, register_type
 
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
     "ResultTooLargeError",
     "RetryPolicy",
     "RunnerContext",
+    "Sink",
+    "SinkItem",
     "Truncation",
     "UnsupportedValueError",
     "register_codec",

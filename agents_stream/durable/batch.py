@@ -53,9 +53,9 @@ from .runner import (
     RecordOutcome,
     _emitted,
     _partly_emitted,
-    each_sent,
     input_event,
 )
+from .sink import SinkItem
 
 if TYPE_CHECKING:
     from ..events import InputEvent
@@ -230,7 +230,7 @@ class RecordBatch:
         except OwnershipLost as exc:  # the partition is another member's now
             self._report(run.index, exc)
             return
-        if runner._effects(done) or done.events or not getattr(runner.sink, "threadsafe", False):
+        if runner._effects(done) or done.events or not runner.sink.threadsafe:
             self._wait(
                 asyncio.ensure_future(self._settle_alone(run, done, outcome)),
                 partial(self._finished_alone, run.index),
@@ -432,23 +432,13 @@ def _send_outputs(
 ) -> Future[None]:
     """Outputs of acked ActionDones; once all are acked, their emitted markers in one
     append (not awaited: a lost marker only means the outputs may be sent once more)."""
-    sink = runner.sink
-    send_batch = getattr(sink, "send_batch", None)
-    if send_batch is not None:
-        stored = runner.sends_stored
-        if runner.sends_dones:
-            sent = send_batch(
-                [
-                    (done.ref.key, values, done.outputs if stored else None, done)
-                    for done, values in sends
-                ]
-            )
-        else:
-            sent = send_batch(
-                [(done.ref.key, values, done.outputs if stored else None) for done, values in sends]
-            )
-    else:
-        sent = each_sent([runner._send(done, values) for done, values in sends])
+    stored = runner.sends_stored
+    sent = runner.sink.send_batch(
+        [
+            SinkItem(done.ref.key, values, partition, done.outputs if stored else None, done)
+            for done, values in sends
+        ]
+    )
     sent.add_done_callback(partial(_mark_emitted, runner, [done for done, _ in sends], partition))
     return sent
 

@@ -34,19 +34,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from ..agent import ActionSpec, Agent
-from ..errors import KafkaIOError, PartialSendError
+from ..errors import PartialSendError
 from ..events import Event, EventError, InputEvent, TimerEvent
-from .ackfuture import AckFuture, resolved, then
+from .ackfuture import then
 from .acks import acked
 from .bridge import run_bridged, run_coroutine_bridged
 from .context import ContextConfig, RunnerContext
@@ -64,35 +63,11 @@ from .journal import (
 )
 from .memory import KeylessMemory, apply_updates
 from .payload import JsonCodec
+from .sink import NullSink, OutputSink
 from .store import ActionStateStore, all_of
 from .timers import Timers
 
 log = logging.getLogger(__name__)
-
-
-class OutputSink(Protocol):
-    """Where outputs go. A sink may also offer ``send_batch(outputs)`` (triples of key,
-    values and ``stored``, one future for all), which the batch path uses when present.
-    A sink with ``takes_stored = True`` is also given ``stored``, the values as their
-    ActionDone journals them with the JSON payload codec (see ``values.plain_json``),
-    as the fourth argument of ``send``; else ``send_batch`` gets None for it. A sink with
-    ``takes_done = True`` is also given the ActionDone and the indexes of the outputs
-    sent among its outputs (keywords ``done`` and ``indexes`` of ``send``; a fourth
-    item, the ActionDone, of each ``send_batch`` tuple), to stamp each output with its
-    identity; such a sink may offer ``landed(done, indexes)`` (blocking), the indexes
-    whose output is in the log already, which recovery asks before it sends the outputs
-    of an ActionDone not marked emitted."""
-
-    def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
-        """Send ``values`` downstream; the future resolves when they are durable."""
-        ...
-
-
-class NullSink:
-    threadsafe = True  # send may be called from the producer's thread
-
-    def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
-        return resolved()
 
 
 @dataclass
@@ -160,11 +135,7 @@ class ActionRunner:
         self.config = config
         self.sink = sink or NullSink()
         # Whether the sink may take the journaled bytes of the outputs (see OutputSink).
-        self.sends_stored = type(config.codec) is JsonCodec and getattr(
-            self.sink, "takes_stored", False
-        )
-        # Whether the sink takes the ActionDone and output indexes (identity headers).
-        self.sends_dones = bool(getattr(self.sink, "takes_done", False))
+        self.sends_stored = type(config.codec) is JsonCodec and self.sink.takes_stored
         self.on_timers = on_timers
         self._actions = agent.actions()
         # The batch path (durable/batch.py) runs the first action of many records
@@ -319,7 +290,7 @@ class ActionRunner:
             # thread, and its code blocks run in the pool (see durable/bridge.py).
             await run_bridged(spec.fn, event, ctx)
         done = self._completion(ref, ctx, snapshot, outcome)
-        if not self._effects(done) and getattr(self.sink, "threadsafe", False):
+        if not self._effects(done) and self.sink.threadsafe:
             # The common case in one wait: the outputs go out from the thread that sees
             # ActionDone acked, the emitted marker from the one that sees them acked.
             appended = self.store.append([done], ref.partition)
@@ -423,18 +394,14 @@ class ActionRunner:
             unsent = _unsent(done)
             values = [values[i] for i in unsent]
             stored = [stored[i] for i in unsent]
-        if self.sends_dones:
-            return self.sink.send(  # type: ignore[call-arg]
-                done.ref.key,
-                values,
-                done.ref.partition,
-                stored if self.sends_stored else None,
-                done=done,
-                indexes=unsent,
-            )
-        if self.sends_stored:
-            return self.sink.send(done.ref.key, values, done.ref.partition, stored)  # type: ignore[call-arg]
-        return self.sink.send(done.ref.key, values, done.ref.partition)
+        return self.sink.send(
+            done.ref.key,
+            values,
+            done.ref.partition,
+            stored if self.sends_stored else None,
+            done=done,
+            indexes=unsent,
+        )
 
     def _mark_emitted(self, done: ActionDone, sent: Future[None]) -> None:
         exc = sent.exception()
@@ -506,9 +473,9 @@ class ActionRunner:
         """``done`` (not marked emitted) with the outputs the sink finds in the log
         already counted as emitted (a worker died after they were acked, before the
         marker was), and that mark noted."""
-        landed = getattr(self.sink, "landed", None)
-        if landed is None:
+        if not self.sink.finds_outputs:
             return done
+        landed = self.sink.landed
         unsent = _unsent(done)
         try:
             found = await asyncio.to_thread(landed, done, unsent)
@@ -580,43 +547,6 @@ def _emitted(done: ActionDone) -> ActionDone:
     marked: ActionDone = object.__new__(ActionDone)
     marked.__dict__.update(done.__dict__, emitted=True)
     return marked
-
-
-def each_sent(sends: Sequence[Future[None]]) -> Future[None]:
-    """One future for the sends of several records' outputs (one future per record),
-    settled once all are: failing with :class:`PartialSendError` naming the positions
-    whose send failed (and, from a record's own ``PartialSendError``, its outputs that
-    landed); the others' outputs are all durable."""
-    if not sends:
-        return resolved()
-    failed: dict[int, Exception] = {}
-    landed: dict[int, tuple[int, ...]] = {}
-    combined: Future[None] = AckFuture()
-    left = [len(sends)]
-    lock = threading.Lock()
-
-    def one_done(position: int, fut: Future[None]) -> None:
-        exc = fut.exception()
-        with lock:
-            if isinstance(exc, PartialSendError):
-                failed[position] = exc.failed[0]
-                if 0 in exc.landed:
-                    landed[position] = exc.landed[0]
-            elif isinstance(exc, Exception):  # a sink's own error keeps its type
-                failed[position] = exc
-            elif exc is not None:  # cancelled
-                failed[position] = KafkaIOError(f"output send {type(exc).__name__}")
-            left[0] -= 1
-            if left[0]:
-                return
-        if failed:
-            combined.set_exception(PartialSendError(failed, landed))
-        else:
-            combined.set_result(None)
-
-    for position, fut in enumerate(sends):
-        fut.add_done_callback(partial(one_done, position))
-    return combined
 
 
 def _unsent(done: ActionDone) -> list[int]:

@@ -55,7 +55,7 @@ from ..durable.journal import InputProgress, TimerEntry
 from ..durable.ownership import Ownership
 from ..durable.payload import JSON, PayloadCodec
 from ..durable.pool import CodeBlockPool
-from ..durable.runner import OutputSink
+from ..durable.sink import OutputSink
 from ..durable.store import ActionStateStore
 from ..errors import ConfigurationError
 from ..host.kit import DurableHost

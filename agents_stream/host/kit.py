@@ -36,7 +36,8 @@ from ..app import AgentBinding, App
 from ..durable.context import ContextConfig
 from ..durable.journal import InputProgress
 from ..durable.ownership import Ownership
-from ..durable.runner import ActionRunner, OutputSink, TimersHook
+from ..durable.runner import ActionRunner, TimersHook
+from ..durable.sink import OutputSink
 from ..durable.store import ActionStateStore
 from ..kafka.config import delivery_timeout_ms, producer_config
 from ..kafka.producer import AckingProducer

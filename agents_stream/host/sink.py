@@ -11,7 +11,7 @@ from ..durable.ackfuture import AckFuture
 from ..durable.journal import ActionDone
 from ..durable.output_identity import OUTPUT_HEADER, output_prefix
 from ..durable.ownership import Ownership
-from ..durable.runner import each_sent
+from ..durable.sink import Sink, SinkItem, each_sent
 from ..durable.values import plain_json
 from ..errors import KafkaIOError, PartialSendError, RecordRefusedError
 from ..kafka.producer import AckingProducer
@@ -22,7 +22,7 @@ from .output_log import OutputLog
 _Record = tuple[bytes, list[bytes], list[list[tuple[str, bytes]]] | None]
 
 
-class KafkaOutputSink:
+class KafkaOutputSink(Sink):
     """An agent's outputs to its output topic, each with its identity in a header
     (``x-agents-stream-output``, see ``host/output_log.py``); with an ``output_log``
     it also answers which outputs of an action are in the topic already."""
@@ -31,7 +31,6 @@ class KafkaOutputSink:
     # producing is thread-safe and the codecs keep no per-call state.
     threadsafe = True
     takes_stored = True  # see OutputSink
-    takes_done = True
 
     def __init__(
         self,
@@ -75,10 +74,11 @@ class KafkaOutputSink:
         record = self._record(key, values, stored, done, indexes)
         return _blamed(self._send(record), [record])
 
-    def send_batch(
-        self,
-        outputs: Sequence[tuple[Any, ...]],
-    ) -> Future[None]:
+    @property
+    def finds_outputs(self) -> bool:  # type: ignore[override]
+        return self.output_log is not None
+
+    def send_batch(self, outputs: Sequence[SinkItem]) -> Future[None]:
         """Outputs of many input records (a batch's finished actions; key, values,
         ``stored`` and, optionally, ``done`` as for :meth:`send`), one future for all. A failure names
         the records at fault (:class:`PartialSendError`): every output of the others is
@@ -86,12 +86,9 @@ class KafkaOutputSink:
         them again)."""
         ownership = self.ownership
         if ownership is not None:  # a batch is one partition's: one check, nearly always
-            for partition in {out[3].ref.partition for out in outputs if len(out) > 3}:
+            for partition in {o.partition for o in outputs}:
                 ownership.check_partition(partition, "output")
-        records = [
-            self._record(out[0], out[1], out[2], out[3] if len(out) > 3 else None, None)
-            for out in outputs
-        ]
+        records = [self._record(o.key, o.values, o.stored, o.done, None) for o in outputs]
         flat = [(raw_key, p) for raw_key, payloads, _ in records for p in payloads]
         headers = None
         if any(each for _, _, each in records):

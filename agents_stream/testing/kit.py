@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from ..durable.journal import CallEntry, CallStatus
 from ..durable.ownership import Ownership, OwnershipLost
 from ..durable.runner import RecordInput
+from ..durable.sink import Sink
 from ..durable.store import completed_future
 from ..durable.values import decode_value
 from ..errors import ConfigurationError
@@ -81,7 +82,7 @@ class Run:
     error: Exception | None = None  # the action's exception (a worker dead-letters it)
 
 
-class _Collector:
+class _Collector(Sink):
     """Output sink of the test context: every output, by input topic."""
 
     threadsafe = True  # the runner may send from the thread that sees the journal ack
@@ -90,7 +91,16 @@ class _Collector:
         self.values: list[Any] = []
         self._lock = threading.Lock()
 
-    def send(self, key: str, values: Sequence[Any], partition: int) -> Future[None]:
+    def send(
+        self,
+        key: str,
+        values: Sequence[Any],
+        partition: int,
+        stored: Sequence[bytes] | None = None,
+        *,
+        done: Any = None,
+        indexes: Sequence[int] | None = None,
+    ) -> Future[None]:
         with self._lock:
             self.values.extend(values)
         return completed_future()
@@ -144,7 +154,7 @@ class AgentTestContext:
             worker_id="test",
             executor=self._pool,
             store=self.store,
-            sinks=self._sinks,  # type: ignore[arg-type]
+            sinks=self._sinks,
             produce=False,
             ownership=self.ownership,
         )

@@ -15,6 +15,7 @@ from agents_stream import Agent, InputEvent, OutputEvent, RunnerContext, action
 from agents_stream.durable.context import ContextConfig
 from agents_stream.durable.payload import JSON
 from agents_stream.durable.runner import ActionRunner
+from agents_stream.durable.sink import Sink
 from agents_stream.state.memory import InMemoryActionStateStore
 
 faust = pytest.importorskip("faust")
@@ -80,11 +81,11 @@ class FakeEvent:
         return True
 
 
-class ListSink:
+class ListSink(Sink):
     def __init__(self) -> None:
         self.sent: list[tuple[str, list[Any]]] = []
 
-    def send(self, key: str, values: Any, partition: int) -> Future[None]:
+    def send(self, key: str, values: Any, partition: int, *a: Any, **kw: Any) -> Future[None]:
         self.sent.append((key, list(values)))
         fut: Future[None] = Future()
         fut.set_result(None)
@@ -139,7 +140,7 @@ def test_event_is_acked_only_after_outputs_are_durable():
     order: list[str] = []
     real_send = host.sink.send
 
-    def send(key: str, values: Any, partition: int) -> Future[None]:
+    def send(key: str, values: Any, partition: int, *a: Any, **kw: Any) -> Future[None]:
         order.append("output")
         return real_send(key, values, partition)
 

@@ -48,6 +48,7 @@ from ...durable.keys import encode_identity, entry_key_bytes
 from ...durable.output_identity import OUTPUT_HEADER, output_prefix
 from ...durable.pool import CodeBlockPool
 from ...durable.runner import ActionRunner, RecordInput
+from ...durable.sink import Sink
 from ...errors import KafkaIOError
 from ...host.kit import DurableHost
 from ...host.output_log import OutputLog
@@ -241,13 +242,12 @@ def _ordinal(action: str) -> int:
     return int(digits or 0)
 
 
-class _HeldOutputs:
+class _HeldOutputs(Sink):
     """The task's output sink: produces nothing, keeps the outputs the worker's sink
     would send (those of ActionDones not marked emitted) with their identity headers,
     per input record."""
 
     threadsafe = True
-    takes_done = True
 
     def __init__(self, origin: str) -> None:
         self.origin = origin
@@ -273,6 +273,10 @@ class _HeldOutputs:
 
     def take(self, offset: int) -> list[tuple[Any, str]]:
         return self.held.pop(offset, [])
+
+    @property
+    def finds_outputs(self) -> bool:  # type: ignore[override]
+        return self.output_log is not None
 
     def landed(self, done: ActionDone, indexes: Sequence[int]) -> list[int]:
         return [] if self.output_log is None else self.output_log.landed(done, indexes)

@@ -27,6 +27,7 @@ from agents_stream.durable.context import ContextConfig
 from agents_stream.durable.journal import ActionDone, CallEntry
 from agents_stream.durable.payload import JSON
 from agents_stream.durable.runner import ActionRunner, RecordInput, RecordOutcome
+from agents_stream.durable.sink import Sink as BaseSink
 from agents_stream.state.memory import InMemoryActionStateStore
 
 POOL = ThreadPoolExecutor(4)
@@ -105,13 +106,13 @@ def conclude(event: InputEvent, ctx: RunnerContext, n: int) -> None:
         ctx.send_event(OutputEvent(output={"key": event.key, "n": n, "j": j}))
 
 
-class Sink:
+class Sink(BaseSink):
     threadsafe = True
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, Any]] = []
 
-    def send(self, key: str, values: Any, partition: int) -> Future[None]:
+    def send(self, key: str, values: Any, partition: int, *args: Any, **kw: Any) -> Future[None]:
         self.sent.extend((key, v) for v in values)
         return resolved()
 
@@ -342,7 +343,7 @@ def test_a_key_is_released_once_its_outputs_are_sent_and_reported_once_they_are_
     acks: list[Future[None]] = []
 
     class SlowSink(Sink):
-        def send(self, key: str, values: Any, partition: int) -> Future[None]:
+        def send(self, key: str, values: Any, partition: int, *a: Any, **kw: Any) -> Future[None]:
             super().send(key, values, partition)
             acks.append(Future())
             return acks[-1]
@@ -456,7 +457,7 @@ class _PartlyRefusingSink(Sink):
         from agents_stream.errors import PartialSendError, RecordRefusedError
 
         failed = {}
-        for position, (key, values, _) in enumerate(outputs):
+        for position, (key, values, *_) in enumerate(outputs):
             if "huge" in values:
                 failed[position] = RecordRefusedError("MESSAGE_TOO_LARGE", code=10)
             else:

@@ -11,6 +11,7 @@ from confluent_kafka import KafkaError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents_stream.durable.sink import SinkItem
 from agents_stream.errors import PartialSendError, RecordRefusedError
 from agents_stream.host.sink import KafkaOutputSink
 from agents_stream.kafka.producer import AckingProducer
@@ -67,7 +68,9 @@ def test_a_failure_names_exactly_the_records_with_an_output_missing(
     outputs: list[list[Any]], data: st.DataObject
 ) -> None:
     send, acking, fake = sink()
-    fut = send.send_batch([(f"k{i}", values, None) for i, values in enumerate(outputs)])
+    fut = send.send_batch(
+        [SinkItem(f"k{i}", values, 0, None, None) for i, values in enumerate(outputs)]
+    )
     owners = [i for i, values in enumerate(outputs) for _ in values]
     assert len(fake.produced) == len(owners)
     lost = data.draw(st.sets(st.integers(0, len(owners) - 1)))
@@ -101,7 +104,11 @@ def test_a_record_refused_before_sending_fails_alone_and_the_others_are_sent() -
     producing any of it; each record's outputs go out on their own instead, in order."""
     send, acking, fake = sink(max_bytes=100)
     fut = send.send_batch(
-        [("k0", ["a"], None), ("k1", ["x" * 200, "b"], None), ("k2", ["c"], None)]
+        [
+            SinkItem("k0", ["a"], 0, None, None),
+            SinkItem("k1", ["x" * 200, "b"], 0, None, None),
+            SinkItem("k2", ["c"], 0, None, None),
+        ]
     )
     assert [(k, v) for k, v, _ in fake.produced] == [(b"k0", b'"a"'), (b"k2", b'"c"')]
     for n, (key, value, delivered) in enumerate(fake.produced):
@@ -115,7 +122,9 @@ def test_a_record_refused_before_sending_fails_alone_and_the_others_are_sent() -
 
 def test_a_batch_sent_whole_resolves_once_every_output_is_acked() -> None:
     send, acking, fake = sink()
-    fut = send.send_batch([("k0", ["a", "b"], None), ("k1", ["c"], None)])
+    fut = send.send_batch(
+        [SinkItem("k0", ["a", "b"], 0, None, None), SinkItem("k1", ["c"], 0, None, None)]
+    )
     for n, (key, value, delivered) in enumerate(fake.produced[:2]):
         delivered(None, Msg(key, value, n))
     acking._dispatch()
