@@ -137,9 +137,11 @@ class Worker(CommitProtocol, Rebalancing):
         # was found real (compaction, transaction markers): not checked again until the
         # next rebalance.
         self._rewinds: dict[tuple[str, int], list[Any]] = {}
-        # Agent input partitions just assigned: the group's committed offset, where
-        # their first record is expected.
+        # Agent input partitions just assigned: the group's committed offset (or the
+        # low watermark when none is and the consumer starts there), where their first
+        # record is expected.
         self._first_expected: dict[tuple[str, int], int] = {}
+        self._reset_earliest = True  # auto.offset.reset is earliest (set in _setup)
         self._gaps_real: dict[tuple[str, int], int] = {}
         self._rebalances = 0  # bumped by the rebalance callbacks (Kafka thread)
         self.stats: dict[str, int] = defaultdict(int)
@@ -219,6 +221,8 @@ class Worker(CommitProtocol, Rebalancing):
         if app.agents:
             self._check_action_state(counts)
         conf = consumer_config(self.broker, app.id, app.consumer_config)
+        reset = str(conf.get("auto.offset.reset", "earliest")).lower()
+        self._reset_earliest = reset in ("earliest", "smallest", "beginning")
         # Holds of the assigned partitions, checked before every code block, journal
         # record, output and commit (durable/ownership.py); a freeze of this process
         # long enough for the session to expire suspends them all.
@@ -401,8 +405,8 @@ class Worker(CommitProtocol, Rebalancing):
             if err is not None:
                 code = err.code()
                 if code == KafkaError._PARTITION_EOF:
-                    if (msg.topic(), msg.partition()) not in self._rewinds:
-                        self._arm((msg.topic(), msg.partition()))  # else not at its end
+                    if self._at_end((msg.topic(), msg.partition()), msg.offset()):
+                        self._arm((msg.topic(), msg.partition()))
                 elif code == KafkaError._MAX_POLL_EXCEEDED:
                     # The consumer left the group: every partition may be another
                     # member's already. Fenced now; the rebalance callbacks follow.
@@ -452,7 +456,9 @@ class Worker(CommitProtocol, Rebalancing):
         expected = tracker.next
         if expected < 0 and self._first_expected:
             expected = self._first_expected.pop((topic, partition), -1)
-        if offset > expected > 0:
+        # expected 0: the first record of a partition without a committed offset, due
+        # at offset 0 (its low watermark, see timers.input_end); -1: unknown.
+        if offset > expected >= 0:
             # Offsets skipped since the last record of this partition (or its committed
             # offset): compaction or transaction markers in the input, or records the
             # client never handed over, which the commit would pass (see
@@ -521,6 +527,34 @@ class Worker(CommitProtocol, Rebalancing):
         self._rewinds[tp] = [expected, seen, False]
         assert self._loop is not None
         self._loop.run_in_executor(self._kafka, self._seek, tp, expected)
+
+    def _at_end(self, tp: tuple[str, int], end: int) -> bool:
+        """A partition EOF at ``end``: whether ``tp`` is really caught up there.
+
+        Its end is also checked for a gap, since no later record may reveal one: on
+        Apache Kafka 4.1 librdkafka 2.12.1 skipped the only record of a partition that
+        was empty when assigned and kept through a cooperative rebalance (the worker
+        saw just the EOF after it). A partition being fetched again is not at its end
+        until the fetch reaches ``end`` with nothing before it (offsets without
+        records, e.g. a transaction marker: the gap is real)."""
+        rewind = self._rewinds.get(tp)
+        if rewind is not None:
+            expected, seen, armed = rewind
+            if not armed or end < seen:
+                return False
+            del self._rewinds[tp]
+            self._gaps_real[tp] = self._rebalances
+            return True
+        if tp not in self._owned:
+            return False
+        tracker = self.offsets.partitions.get(tp)
+        expected = tracker.next if tracker is not None else -1
+        if expected < 0:
+            expected = self._first_expected.get(tp, -1)
+        if end > expected >= 0 and self._gaps_real.get(tp) != self._rebalances:
+            self._rewind(tp, expected, end)
+            return False
+        return True
 
     def _seek(self, tp: tuple[str, int], offset: int) -> None:
         """Kafka thread. A failure (the partition was revoked meanwhile) leaves the gap
@@ -597,7 +631,7 @@ class Worker(CommitProtocol, Rebalancing):
         arm_at: int | None,
         committed: int = -1,
     ) -> None:
-        if committed > 0:  # its first record is checked for a gap like any other
+        if committed >= 0:  # its first record is checked for a gap like any other
             self._first_expected[(topic, partition)] = committed
         name = self._agents[topic].name
         self.timers.load(name, partition, timers, armed=arm_at is None)

@@ -76,6 +76,7 @@ class Rebalancing:
     _rebalances: int
     _rewinds: dict[tuple[str, int], list[Any]]
     _first_expected: dict[tuple[str, int], int]
+    _reset_earliest: bool
     _state_refs: defaultdict[int, int]
     _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
     _completed_through: dict[tuple[str, int], int]
@@ -144,7 +145,9 @@ class Rebalancing:
                 self._load_progress(tp.topic, tp.partition)
                 name = self._agents[tp.topic].name
                 timers = [t for t in self.store.timers(tp.partition) if t.agent == name]
-                arm_at, committed = input_end(consumer, tp.topic, tp.partition)
+                arm_at, committed = input_end(
+                    consumer, tp.topic, tp.partition, earliest=self._reset_earliest
+                )
                 assert self._loop is not None
                 # Runs on the loop before any record fetched by this consume call.
                 self._loop.call_soon_threadsafe(

@@ -34,6 +34,18 @@ def assert_per_key_order(records, keys, per_key):
         assert [v["prev"] for v in values] == [-1, *ns[:-1]]
 
 
+def owns_some(log: str) -> bool:
+    """The worker logged an assignment with partitions in it."""
+    return any("assigned " in line and "assigned nothing" not in line for line in log.splitlines())
+
+
+def wait_assigned(worker, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not owns_some(worker.log()):
+        assert worker.alive and time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.2)
+
+
 def test_events_in_outputs_out_in_per_key_order(broker, topic_factory, worker_factory):
     env = env_for(topic_factory)
     keys = [f"user-{i}" for i in range(12)]
@@ -76,7 +88,15 @@ def test_two_workers_share_partitions_and_failover(broker, topic_factory, worker
     create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=4)
     keys = [f"k{i}" for i in range(16)]
     first = worker_factory("tests.apps.ordering:app", env)
+    wait_assigned(first)
     second = worker_factory("tests.apps.ordering:app", env)
+    # Produce only once both share the partitions: Apache Kafka (rebalance delay 0)
+    # hands all four to the first member at once, which would drain every record
+    # before the second joins.
+    deadline = time.monotonic() + 90
+    while not (owns_some(second.log()) and "revoked" in first.log()):
+        assert time.monotonic() < deadline, (first.log()[-3000:], second.log()[-3000:])
+        time.sleep(0.2)
     produce(broker.bootstrap, env["AS_INPUT"], [(k, {"n": 0}) for k in keys])
     records = wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 16, timeout=90)
     pids = {r.json()["pid"] for r in records}
