@@ -251,8 +251,14 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _cluster_id() -> str:
-    # What `kafka-storage.sh random-uuid` prints: a UUID in URL-safe base64, unpadded.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    # What `kafka-storage.sh random-uuid` prints: a UUID in URL-safe base64, unpadded,
+    # never starting with "-" (Kafka's Uuid.randomUuid() draws again too): the storage
+    # tool's argument parser takes `-t -xyz...` for an option and the format fails (1 in
+    # 64 starts did).
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
 
 
 _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
