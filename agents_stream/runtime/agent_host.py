@@ -30,6 +30,7 @@ from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.dlq import REPLAY_HEADER, DeadLetters, original_identity
 from ..host.policy import judge, record_where
+from .controller import BatchFinish
 from .logs import record_fields
 
 log = logging.getLogger("agents_stream.worker")
@@ -81,15 +82,13 @@ class AgentHost:
             outcome = exc
         await self._conclude(msg, key, record, outcome)
 
-    async def handle_batch(
-        self, items: list[tuple[Message, str]], finish: Callable[[int, bool], None]
-    ) -> None:
+    async def handle_batch(self, items: list[tuple[Message, str]], finish: BatchFinish) -> None:
         """Process records of one partition with distinct keys together (the runner's
         batch path); ``finish(i, True)`` as soon as record ``i`` is finished, as
         :meth:`handle` returning would say. A record the error policy stops on is
-        reported ``False`` (not finished: never committed). ``finish.release_many(ids)``,
-        when ``finish`` has it, is called once those records' keys may run their next
-        record; ``finish.many(ids, True)`` reports records finished together."""
+        reported ``False`` (not finished: never committed). ``finish.release_many(ids)``
+        is called once those records' keys may run their next record;
+        ``finish.many(ids, True)`` reports records finished together."""
         records: list[RecordInput] = []
         positions: list[int] = []
         tails: set[asyncio.Future[None]] = set()  # dead letters being acked
@@ -129,28 +128,21 @@ class AgentHost:
                 index = positions[position]
                 self._finished(items[index][0], records[position], outcome)
                 done.append(index)
-            if finish_many is not None:
-                finish_many(done, True)
-            else:
-                for index in done:
-                    finish(index, True)
+            finish.many(done, True)
 
         def released(found: list[int]) -> None:
-            release_many([positions[position] for position in found])  # type: ignore[misc]
+            finish.release_many([positions[position] for position in found])
 
-        # The controller's finish (runtime/controller.py) has both; a plain callable
-        # reports one record at a time and frees keys only when records finish.
-        finish_many = getattr(finish, "many", None)
         # A key's next record may start once this one's ActionDone is acked and its
         # outputs are sent, before they are acked. If they then fail, the record is dead-
         # lettered and the next one's outputs follow, as when it ran after the failure.
         # Not with on_error="fail": the worker stops and replays the failed outputs on
         # restart, after the next record's, which could be out by then.
-        release_many = getattr(finish, "release_many", None) if self._on_error != "fail" else None
+        release_early = self._on_error != "fail"
         try:
             if records:
                 await self.runner.run_batch(
-                    records, report, None if release_many is None else released, finished
+                    records, report, released if release_early else None, finished
                 )
             while tails:
                 await asyncio.wait(list(tails))
@@ -161,7 +153,7 @@ class AgentHost:
     @staticmethod
     def _tail_done(
         tails: set[asyncio.Future[None]],
-        finish: Callable[[int, bool], None],
+        finish: BatchFinish,
         index: int,
         task: asyncio.Future[None],
     ) -> None:

@@ -44,7 +44,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..durable.ownership import OwnershipLost
 from .epochs import Epoch, EpochManager, EpochMode
@@ -52,9 +52,22 @@ from .epochs import Epoch, EpochManager, EpochMode
 log = logging.getLogger("agents_stream.runtime")
 
 Work = Callable[[], Awaitable[None]]
-# Runs the payloads of one lane's batch; ``finish(i, ok)`` reports record ``i``'s end,
-# ``finish.release(i)`` (optional) frees its key earlier (see the module doc).
-BatchRun = Callable[[list[Any], Callable[[int, bool], None]], Awaitable[None]]
+class BatchFinish(Protocol):
+    """How a batch's ``run`` reports: ``finish(i, ok)`` when record ``i`` is finished
+    (``many`` for several at once), ``release(i)`` / ``release_many`` when its key is
+    free before that (see the module doc)."""
+
+    def __call__(self, index: int, ok: bool) -> None: ...
+
+    def many(self, indices: list[int], ok: bool) -> None: ...
+
+    def release(self, index: int) -> None: ...
+
+    def release_many(self, indices: list[int]) -> None: ...
+
+
+# Runs the payloads of one lane's batch, reporting each record's end to the finish hook.
+BatchRun = Callable[[list[Any], BatchFinish], Awaitable[None]]
 
 
 class Batched:
