@@ -269,15 +269,20 @@ class RunnerContext:
         self.outputs: list[Any] = []
         self.replayed_calls = 0
         self.executed_calls = 0
-        self._blocks = _Blocks()  # on the action's thread: the context is made there
+        # Made by the first code block or memory access, on the action's thread (most
+        # actions make neither).
+        self._blocks: _Blocks | None = None
         ownership = config.ownership
         # The hold this action started under (durable/ownership.py); 0 with no ownership.
-        self._lease = ownership.lease(ref.topic, ref.partition) if ownership else 0
+        self._lease = ownership.lease(ref.topic, ref.partition) if ownership is not None else 0
 
     def _guard_fn(self) -> Callable[[str], None]:
         # Not the bound method: memory and timers holding it would make every context a
         # reference cycle, left (with its closures, ~18 objects a record) to the collector.
-        return partial(_refuse_in_code_block, self.ref.action, self._blocks)
+        blocks = self._blocks
+        if blocks is None:
+            blocks = self._blocks = _Blocks()
+        return partial(_refuse_in_code_block, self.ref.action, blocks)
 
     def check_hold(self) -> None:
         """Raise OwnershipLost when this member no longer holds the partition this
@@ -288,6 +293,8 @@ class RunnerContext:
             ownership.check(self.ref.topic, self.ref.partition, self._lease)
 
     def _flight(self) -> Flight:
+        if self._blocks is None:
+            self._blocks = _Blocks()
         return Flight(self.check_hold if self._config.ownership is not None else None)
 
     @property
@@ -507,7 +514,7 @@ class RunnerContext:
         self, index: int, call: _Call, reconciling: bool, flight: Flight
     ) -> Any:
         target, args, kwargs = self._invocation(index, call, reconciling)
-        self._blocks.running += 1
+        self._blocks.running += 1  # type: ignore[union-attr]  # made by _flight
         try:
             if inspect.iscoroutinefunction(target):
                 return await asyncio.create_task(_in_code_block(target(*args, **kwargs), flight))
@@ -520,7 +527,7 @@ class RunnerContext:
                 return await asyncio.create_task(_in_code_block(result))
             return result
         finally:
-            self._blocks.running -= 1
+            self._blocks.running -= 1  # type: ignore[union-attr]
 
     def _finish_sync(
         self,
@@ -562,7 +569,7 @@ class RunnerContext:
         while True:
             tries += 1
             error: Exception | None = None
-            self._blocks.running += 1
+            self._blocks.running += 1  # type: ignore[union-attr]  # made by _flight
             try:
                 if pooled:
                     result = await_(self._in_pool(target, args, kwargs, flight))
@@ -573,7 +580,7 @@ class RunnerContext:
             except Exception as exc:
                 error = exc
             finally:
-                self._blocks.running -= 1
+                self._blocks.running -= 1  # type: ignore[union-attr]
             if error is not None:
                 if call.retry is not None and call.retry.should_retry(error, tries):
                     delay = call.retry.delay(tries)

@@ -97,9 +97,14 @@ class Ownership:
             return self._generations.get((topic, partition), 0)
         return 1 if partition in self._journal else 0
 
+    # Checked before every code block and journal write: the freeze test is inlined
+    # rather than a method call of its own.
     def valid(self, topic: str, partition: int, lease: int) -> bool:
         """Whether work that started under ``lease`` may still write or run."""
-        if self.suspended is not None or not lease or self._frozen():
+        if self.suspended is not None or not lease:
+            return False
+        limit = self.freeze_after
+        if limit is not None and monotonic() - self._beat > limit:
             return False
         if topic:
             return self._generations.get((topic, partition)) == lease
@@ -107,22 +112,24 @@ class Ownership:
 
     def holds(self, partition: int) -> bool:
         """Whether journal partition ``partition`` (and its outputs) may be written."""
-        return self.suspended is None and partition in self._journal and not self._frozen()
+        if self.suspended is not None or partition not in self._journal:
+            return False
+        limit = self.freeze_after
+        return limit is None or monotonic() - self._beat <= limit
 
     def check(self, topic: str, partition: int, lease: int) -> None:
         if not self.valid(topic, partition, lease):
             raise OwnershipLost(topic, partition, self.suspended or "no longer held")
 
     def check_partition(self, partition: int, what: str = "") -> None:
-        if not self.holds(partition):
-            why = self.suspended or "no longer held"
-            raise OwnershipLost("", partition, f"{why} ({what} refused)" if what else why)
+        if self.suspended is None and partition in self._journal:
+            limit = self.freeze_after
+            if limit is None or monotonic() - self._beat <= limit:
+                return
+        why = self.suspended or "no longer held"
+        raise OwnershipLost("", partition, f"{why} ({what} refused)" if what else why)
 
     # -- freeze watchdog -----------------------------------------------------------------
-    def _frozen(self) -> bool:
-        limit = self.freeze_after
-        return limit is not None and monotonic() - self._beat > limit
-
     def beat(self) -> float:
         """Called every few tens of ms by a watchdog thread. Returns the gap since the
         previous beat; a gap over ``freeze_after`` suspends every hold *before* the new
