@@ -70,8 +70,9 @@ class Ownership:
         """A new hold of ``topic[partition]``; returns its generation."""
         with self._lock:
             generation = next(self._next)
+            if self._generations.get((topic, partition)) is None:  # else a new hold of it
+                self._journal[partition] = self._journal.get(partition, 0) + 1
             self._generations[(topic, partition)] = generation
-            self._journal[partition] = self._journal.get(partition, 0) + 1
             return generation
 
     def release(self, topic: str, partition: int) -> bool:

@@ -102,7 +102,9 @@ def test_a_lost_partition_starts_no_further_code_block_and_journals_nothing(agen
     OWNERSHIP.acquire(TOPIC, 0)
     store = FencedStore()
     pool = ThreadPoolExecutor(2)
-    config = ContextConfig(app_id="t", worker_id="w", codec=JSON, executor=pool, ownership=OWNERSHIP)
+    config = ContextConfig(
+        app_id="t", worker_id="w", codec=JSON, executor=pool, ownership=OWNERSHIP
+    )
     runner = ActionRunner(agent, store, config, topic=TOPIC)
     try:
         with pytest.raises(OwnershipLost):
@@ -190,3 +192,63 @@ def test_memory_written_by_a_thread_a_code_block_started_is_refused_and_not_appl
     assert outcome.outputs == [None]
     [done] = [e for e in store.entries() if type(e).__name__ == "ActionDone"]
     assert [u.name for u in done.memory_updates] == ["own"]
+
+
+# -- a reference model ------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+PARTS = [("a", 0), ("a", 1), ("b", 0), ("", 0)]
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("acquire"), st.sampled_from(PARTS[:3])),
+        st.tuples(st.just("release"), st.sampled_from(PARTS[:3])),
+        st.tuples(st.just("take_lease"), st.sampled_from(PARTS)),
+        st.tuples(st.just("suspend"), st.none()),
+        st.tuples(st.just("resume"), st.none()),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_leases_agree_with_a_model_of_holds(ops):
+    """A lease is valid exactly while the hold it was taken under lasts (no release and
+    no new acquire of that partition since) and nothing is suspended; a topic-less lease
+    (timers) while any topic holds the journal partition."""
+    own = Ownership()
+    holds: dict[tuple[str, int], int] = {}  # model: partition -> hold number
+    hold_no = 0
+    leases: list[tuple[tuple[str, int], int, int | None]] = []  # (tp, lease, model hold)
+    suspended = False
+    for op, tp in ops:
+        if op == "acquire":
+            own.acquire(*tp)
+            hold_no += 1
+            holds[tp] = hold_no
+        elif op == "release":
+            assert own.release(*tp) == (tp in holds)
+            holds.pop(tp, None)
+        elif op == "take_lease":
+            topic, partition = tp
+            if topic:
+                held = holds.get(tp)
+            else:
+                held = -1 if any(p == partition for _, p in holds) else None
+            leases.append((tp, own.lease(topic, partition), held))
+        elif op == "suspend":
+            own.suspend("test")
+            suspended = True
+        else:
+            own.resume()
+            suspended = False
+        for (topic, partition), lease, held in leases:
+            if topic:
+                expected = held is not None and holds.get((topic, partition)) == held
+            else:
+                expected = held is not None and any(p == partition for _, p in holds)
+            expected = expected and not suspended
+            assert own.valid(topic, partition, lease) == expected, (op, tp, topic, partition)
+        for partition in (0, 1):
+            assert own.holds(partition) == (not suspended and any(p == partition for _, p in holds))
