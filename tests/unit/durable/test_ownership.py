@@ -232,10 +232,8 @@ def test_leases_agree_with_a_model_of_holds(ops):
             holds.pop(tp, None)
         elif op == "take_lease":
             topic, partition = tp
-            if topic:
-                held = holds.get(tp)
-            else:
-                held = -1 if any(p == partition for _, p in holds) else None
+            journal_held = any(p == partition for _, p in holds)
+            held = holds.get(tp) if topic else (-1 if journal_held else None)
             leases.append((tp, own.lease(topic, partition), held))
         elif op == "suspend":
             own.suspend("test")
