@@ -281,10 +281,18 @@ class RecordBatch:
                 self._one_by_one(part, partition, exc)
 
     def _one_by_one(
-        self, part: list[tuple[_Run, ActionDone, RecordOutcome]], partition: int, exc: Exception
+        self,
+        part: list[tuple[_Run, ActionDone, RecordOutcome]],
+        partition: int,
+        exc: Exception,
+        *,
+        serially: bool = False,
     ) -> None:
         if len(part) == 1:
             self._report(part[0][0].index, exc)
+            return
+        if serially:
+            self._serially(part, partition)
             return
         for item in part:
             try:
@@ -292,8 +300,30 @@ class RecordBatch:
             except Exception as alone:
                 self._report(item[0].index, alone)
 
+    def _serially(
+        self, items: list[tuple[_Run, ActionDone, RecordOutcome]], partition: int
+    ) -> None:
+        """Each item appended alone, the next once the previous is settled. After a
+        broker refusal: Kafka's max.message.bytes bounds a whole record batch, and
+        records produced back to back share one, so appended "one by one" but at once
+        they were refused together again and every record of the group failed (seen on
+        Apache Kafka: tests/integration/test_refused_action_done.py; the embedded broker
+        enforces no limit)."""
+        while items:
+            item, items = items[0], items[1:]
+            try:
+                after = partial(self._serially, items, partition) if items else None
+                self._commit_group([item], partition, after=after)
+                return
+            except Exception as alone:
+                self._report(item[0].index, alone)
+
     def _commit_group(
-        self, part: list[tuple[_Run, ActionDone, RecordOutcome]], partition: int
+        self,
+        part: list[tuple[_Run, ActionDone, RecordOutcome]],
+        partition: int,
+        *,
+        after: Callable[[], None] | None = None,
     ) -> None:
         runner = self._runner
         appended: Future[None] = runner.store.append([d for _, d, _ in part], partition)
@@ -307,7 +337,8 @@ class RecordBatch:
             appended = then(appended, partial(_send_outputs, runner, sends, partition))
             if self._released is not None:
                 self._wait(acked(journaled), partial(self._group_released, part))
-        self._wait(acked(appended), partial(self._group_done, part, journaled))
+        done = partial(self._group_done, part, journaled)
+        self._wait(acked(appended), done if after is None else partial(_and_then, done, after))
 
     def _group_released(
         self, group: list[tuple[_Run, ActionDone, RecordOutcome]], fut: asyncio.Future[None]
@@ -336,7 +367,7 @@ class RecordBatch:
                 # max.message.bytes): no output of the group was sent; appended again
                 # one by one, only that record fails (those already in the log are
                 # written twice under their key, which compaction folds).
-                self._one_by_one(group, group[0][0].ref.partition, exc)
+                self._one_by_one(group, group[0][0].ref.partition, exc, serially=True)
                 return
             if not (
                 isinstance(exc, PartialSendError)
@@ -423,6 +454,13 @@ class RecordBatch:
         self._live.clear()
         for fut in list(self._waits):
             fut.cancel()
+
+
+def _and_then(handler: Callable[[Any], None], after: Callable[[], None], fut: Any) -> None:
+    try:
+        handler(fut)
+    finally:
+        after()
 
 
 def _send_outputs(

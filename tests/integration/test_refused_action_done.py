@@ -63,3 +63,66 @@ def test_only_the_record_whose_output_is_refused_is_dead_lettered(
     codec = value_codec(OUTPUT_SCHEMA)
     ids = sorted(codec.decode(r.value)["id"] for r in read_topic(broker.bootstrap, out))
     assert ids == [i for i in range(16) if i != 5], worker.log()  # each once
+
+
+BROKER_APP = "tests.apps.oversize_broker_app:app"
+
+
+@pytest.mark.kafka_only
+@pytest.mark.parametrize(
+    "limited",
+    [
+        pytest.param(
+            "output",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="known bug: the broker refuses the whole record batch that holds the "
+                "big output, and every record whose outputs shared it is dead-lettered, not "
+                "only the big one (host/sink.py sends a group's outputs in one send_all; its "
+                "one-by-one path is for refusals before anything is sent)",
+            ),
+        ),
+        "action-state",
+    ],
+)
+def test_the_broker_refuses_a_record_over_the_topics_max_message_bytes(
+    limited, broker, topic_factory, worker_factory
+):
+    """Apache Kafka's own refusal (the embedded broker enforces no max.message.bytes):
+    the producer allows 1 MB, the output topic or the ActionState topic only 20,000 bytes.
+    A 40,000-byte output, or the ActionDone that holds it, is refused by the broker; only
+    its record is dead-lettered, the others' outputs are emitted once, the worker goes on.
+    Kafka's limit bounds a record batch, not a record: the records that shared the
+    refused batch must be sent again, each in a batch of its own.
+    """
+    from agents_stream.kafka.admin import TopicAdmin, TopicSpec, compacted
+
+    env = {
+        "AS_APP_ID": topic_factory("app"),
+        "AS_INPUT": topic_factory("in"),
+        "AS_OUTPUT": topic_factory("out"),
+    }
+    small = {"max.message.bytes": "20000"}
+    state = compacted(f"{env['AS_APP_ID']}-action-state", 2)
+    TopicAdmin(broker.bootstrap).ensure(
+        [
+            TopicSpec(env["AS_INPUT"], 2),
+            TopicSpec(env["AS_OUTPUT"], 2, small if limited == "output" else {}),
+            TopicSpec(state.name, 2, {**state.config, **(small if limited != "output" else {})}),
+        ]
+    )
+    worker = worker_factory(BROKER_APP, env)
+    produce(
+        broker.bootstrap, env["AS_INPUT"], [(f"k{i}", {"id": i, "big": i == 5}) for i in range(12)]
+    )
+    [letter] = wait_for_records(broker.bootstrap, f"{env['AS_INPUT']}-dlq", 1, timeout=90)
+    assert letter.headers["x-error-type"].endswith(b"RecordRefusedError"), letter.headers
+    assert b"too large" in letter.headers["x-error-message"].lower(), letter.headers
+    assert letter.json()["id"] == 5
+    produce(broker.bootstrap, env["AS_INPUT"], [(f"k{i}", {"id": i}) for i in range(12, 16)])
+    wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 15, timeout=60)
+    assert worker.alive, worker.log()[-3000:]
+    assert worker.terminate() == 0, worker.log()[-3000:]
+    ids = sorted(r.json()["id"] for r in read_topic(broker.bootstrap, env["AS_OUTPUT"]))
+    assert ids == [i for i in range(16) if i != 5], worker.log()[-3000:]  # each once
+    print(f"\nbroker refusal ({limited} topic): {letter.headers['x-error-message'][:160]!r}")
