@@ -15,6 +15,7 @@ key-state versions) read as their defaults from older writers: no timers, versio
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,11 +38,20 @@ from ..durable.journal import (
 from ..durable.keys import decode_identity, identity_fields
 from ..errors import ConfigurationError
 from .avro import AvroSerde
-from .compiled import _V, ObjectBinding, ObjectDecoder, compile_object_codec, compile_projection
+from .compiled import (
+    _V,
+    Misfit,
+    ObjectBinding,
+    ObjectDecoder,
+    compile_object_codec,
+    compile_projection,
+)
 from .errors import SerdeError, ValueDecodeError
 from .framing import single_object_header
 from .registry import RegistryBinding
 from .schemas import JOURNAL_RECORD_TYPE, load_versions
+
+log = logging.getLogger("agents_stream.serde")
 
 _NS = "agents_stream.journal."
 CALL = _NS + "CallResult"
@@ -92,8 +102,10 @@ class JournalCodec:
                 head = self._heads[entry.__class__] = self.serde.header() + _V[fast[0] << 1]
             try:
                 return fast[1](head, entry)
-            except Exception:  # the general path encodes it or says why it cannot
+            except Misfit:  # a value the compiled path leaves to fastavro, by design
                 pass
+            except Exception as exc:  # a bug of the compiled path: said, not hidden
+                _fast_path_failed(entry, exc)
         return self.serde.encode({"entry": to_datum(entry)})
 
     def _encode_done(self, done: ActionDone) -> bytes:
@@ -215,6 +227,25 @@ def default_journal_codec(
             raise ConfigurationError("a schema registry needs the ActionState topic name")
         registry = RegistryBinding(schema_registry_url, f"{topic}-value")
     return JournalCodec(AvroSerde(load_versions(JOURNAL_RECORD_TYPE), registry=registry))
+
+
+_FAST_FAILED: set[type] = set()
+
+
+def _fast_path_failed(entry: JournalEntry, exc: Exception) -> None:
+    """The compiled encoder raised on ``entry``: fastavro encodes it (or says why it
+    cannot); logged once per entry kind with the record named, so a codec bug shows."""
+    kind = entry.__class__
+    if kind in _FAST_FAILED:
+        return
+    _FAST_FAILED.add(kind)
+    ref = getattr(entry, "ref", None)
+    where = f" (key={ref.key!r} seq={ref.seq} action={ref.action})" if ref is not None else ""
+    log.warning(
+        "compiled encoder of %s failed%s: %s: %s; encoded with fastavro instead "
+        "(logged once per kind)",
+        kind.__name__, where, type(exc).__name__, exc,
+    )  # fmt: skip
 
 
 def _decode_error(reason: str, key: bytes) -> JournalDecodeError:
