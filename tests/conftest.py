@@ -63,6 +63,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "$AGENTS_STREAM_TEST_BROKERS or embedded); kafka starts Apache Kafka from Maven "
         "Central jars (needs java 17+, and mvn for the first fetch)",
     )
+    parser.addoption(
+        "--kafka-paths",
+        default=None,
+        help="with several brokers: comma-separated test paths (e.g. tests/integration,"
+        "tests/fault) whose broker tests also run on Apache Kafka; the others run on the "
+        "embedded broker only, kafka_only tests on Kafka wherever they are (default: "
+        "$AGENTS_STREAM_TEST_KAFKA_PATHS, else every path)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -113,7 +121,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     kafka_only = metafunc.definition.get_closest_marker("kafka_only") is not None
     kinds = ["kafka"] if kafka_only else chosen
+    if not kafka_only and not _on_kafka(metafunc.config, Path(str(metafunc.definition.path))):
+        kinds = [k for k in chosen if k != "kafka"]  # not among --kafka-paths: embedded only
     metafunc.parametrize("broker", kinds, indirect=True, scope="session")
+
+
+def _kafka_required() -> bool:
+    return os.environ.get("AGENTS_STREAM_TEST_REQUIRE_KAFKA", "") not in ("", "0")
+
+
+def _on_kafka(config: pytest.Config, path: Path) -> bool:
+    """Whether broker tests in ``path`` run on Kafka too (see --kafka-paths)."""
+    chosen = config.getoption("--kafka-paths") or os.environ.get("AGENTS_STREAM_TEST_KAFKA_PATHS")
+    if not chosen:
+        return True
+    roots = [(ROOT / p.strip()).resolve() for p in chosen.split(",") if p.strip()]
+    return any(path.resolve().is_relative_to(r) for r in roots)
 
 
 def _item_kind(item: pytest.Item, kinds: list[BrokerKind]) -> BrokerKind | None:
@@ -133,8 +156,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker("kafka_only"):
                 item.add_marker(skip)
         return
-    # No java, or no jars and no mvn: the Kafka runs skip, all under one line naming the fix.
+    # No java, or no jars and no mvn: the Kafka runs skip, all under one line naming the fix
+    # (CI, which must run them, sets AGENTS_STREAM_TEST_REQUIRE_KAFKA: the run fails).
     missing = None if _external() is not None else kafka_missing()
+    if missing is not None and _kafka_required():
+        raise pytest.UsageError(f"Apache Kafka is required here but unavailable: {missing}")
     if missing is not None:
         skip = pytest.mark.skip(reason=f"Apache Kafka unavailable: {missing}")
         for item in items:
@@ -172,6 +198,9 @@ class _Brokers:
         try:
             kafka.start()
         except KafkaUnavailable as exc:  # e.g. mvn cannot reach Maven Central: skip
+            if _kafka_required():
+                self._failed = exc
+                raise
             self._unavailable = f"Apache Kafka unavailable: {exc}"
             pytest.skip(self._unavailable)
         except BrokerStartError as exc:
