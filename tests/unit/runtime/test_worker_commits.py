@@ -13,6 +13,7 @@ import asyncio
 import logging
 import threading
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
@@ -225,6 +226,39 @@ def test_a_failed_asynchronous_commit_is_retried(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, "agents_stream.worker"):
         asyncio.run(main())
     assert "retried by the next commit" in caplog.text
+
+
+def test_records_below_its_own_marker_are_skipped_if_handed_over_again(tmp_path):
+    """Once a commit's marker is acked its records may be pruned: if the client hands
+    them over again (Apache Kafka did, from the last committed offset, after a failed
+    asynchronous commit), they are skipped like those below a marker found on
+    assignment, never run again with their journal gone."""
+    consumer = FakeConsumer()
+    worker = make_worker(tmp_path, consumer)
+
+    async def main():
+        await bind(worker)
+        for offset in range(3):
+            finish(worker, offset, f"k{offset}")
+        await worker._commit(None, asynchronous=True)
+        worker._kafka.shutdown(wait=True)
+
+    asyncio.run(main())
+    assert worker.store.pruned and worker._completed_through == {TP: 3}
+    rerun = App("unit-commits-rerun", rerun_completed=True)
+    rerun.agent(Echo, input="in")
+    worker.app = rerun  # rerun_completed: records below markers run again, as asked
+    worker._completed_through.clear()
+
+    async def again():
+        await bind(worker)
+        worker._kafka = ThreadPoolExecutor(1)  # the first run shut its own down
+        finish(worker, 3, "k3")
+        await worker._commit(None, asynchronous=True)
+        worker._kafka.shutdown(wait=True)
+
+    asyncio.run(again())
+    assert worker._completed_through == {}
 
 
 @pytest.mark.parametrize(
