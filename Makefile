@@ -21,14 +21,14 @@ demo-crash: venv  ## SIGKILL the payments worker mid-charge, restart it, check t
 	$(PY) examples/demo_crash.py
 
 # `make test` runs the whole suite on the embedded broker and, on Apache Kafka 4.1
-# (agents_stream/testing/kafka.py: java 17+, mvn for the first fetch), the broker tests of
-# KAFKA_PATHS (integration, fault: crash, chaos, failover, zombie, broker restarts) plus
-# every kafka_only test wherever it is (compaction, transactions). The Spark, Faust and CLI
-# broker tests run on the embedded broker only: everything twice took 45 min on the
-# 2-core CI machine, over the 45 min that .ci/run may take; this takes about 38 (23 the
-# embedded half, 15 the Kafka half). Without java/mvn the Kafka runs skip with one line.
-# `make test KAFKA_PATHS=tests` runs every broker test on both.
-KAFKA_PATHS ?= tests/integration,tests/fault
+# (agents_stream/testing/kafka.py: java 17+, mvn for the first fetch), the broker tests
+# of KAFKA_PATHS (integration; fault: crash, chaos, failover, zombie, broker restarts;
+# the worker's startup checks of existing topics) plus every kafka_only test wherever it
+# is (compaction, transactions). The other Spark, Faust and CLI broker tests run on the
+# embedded broker only: everything on both took 45 min on the 2-core CI machine, over
+# what .ci/run may take; this took 44 (13 the Kafka half). Without java/mvn the Kafka
+# runs skip with one line. `make test KAFKA_PATHS=tests`: every broker test on both.
+KAFKA_PATHS ?= tests/integration,tests/fault,tests/cli/test_worker_startup.py
 test: venv  ## the whole suite: unit, integration (embedded broker and Apache Kafka), fault injection, Spark
 	JAVA_TOOL_OPTIONS= PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -ra --broker=both --kafka-paths=$(KAFKA_PATHS)
 
