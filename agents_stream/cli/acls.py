@@ -16,13 +16,21 @@ from ..app import App
 from ..errors import AgentsStreamError
 from .common import load_app
 
+# Throwaway consumer groups of the readers that assign partitions and never commit: the
+# cache rebuild and output lookup (``agents-stream-reader-<random>``), the CLI tools
+# (``agents-stream-dlq-cli-``, ``agents-stream-state-cli-``...) and the Spark jobs
+# (``agents-stream-spark-``). librdkafka still looks up their coordinator, which an
+# authorizer refuses without Describe on the group.
+READER_GROUP_PREFIX = "agents-stream-"
+
 
 @dataclass(frozen=True)
 class Acl:
-    resource: str  # "topic", "group" or "cluster"
+    resource: str  # "topic", "group", "transactional-id" or "cluster"
     name: str
     operations: tuple[str, ...]
     why: str
+    pattern: str = "literal"  # or "prefixed": every name starting with ``name``
 
 
 def app_acls(app: App, *, create_topics: bool = True) -> list[Acl]:
@@ -33,6 +41,9 @@ def app_acls(app: App, *, create_topics: bool = True) -> list[Acl]:
     for topic in inputs:
         out.append(Acl("topic", topic, ("Read", "Describe", *create),
                        "input: consumed by the group"))  # fmt: skip
+        out.append(Acl("topic", topic, ("Write",),
+                       "input: `dlq replay` produces dead letters back to it (leave it out "
+                       "for a principal that never replays)"))  # fmt: skip
         out.append(Acl("topic", f"{topic}-dlq", ("Write", "Read", "Describe", *create),
                        "dead letters: written by the worker, read by `dlq show|replay`"))  # fmt: skip
     outputs = [b.output for b in app.agents if b.output]
@@ -51,8 +62,13 @@ def app_acls(app: App, *, create_topics: bool = True) -> list[Acl]:
         # than Kafka 2.8 need IdempotentWrite on the cluster as well.
     out.append(Acl("group", app.id, ("Read", "Describe"),
                    "the consumer group of the workers (offsets, rebalances)"))  # fmt: skip
-    # The cache rebuild, the output lookup and the CLI readers use assign() with no
-    # commits: no group ACL is needed for their generated group ids.
+    out.append(Acl("group", READER_GROUP_PREFIX, ("Describe",),
+                   "throwaway groups of the cache rebuild, output lookup, CLI and Spark "
+                   "readers (assigned, never committed)", pattern="prefixed"))  # fmt: skip
+    if getattr(app, "processing_guarantee", "at_least_once") == "exactly_once":
+        out.append(Acl("transactional-id", f"{app.id}-", ("Write", "Describe"),
+                       "exactly-once: the transactional producers' ids "
+                       f"({app.id}-...)", pattern="prefixed"))  # fmt: skip
     return out
 
 
@@ -109,17 +125,22 @@ def run(args: argparse.Namespace) -> int:
         return 1
     acls = app_acls(app, create_topics=not args.no_create)
     if args.format == "table":
-        width = max(len(f"{a.resource} {a.name}") for a in acls)
+
+        def where_of(a: Acl) -> str:
+            return f"{a.resource} {a.name}{'*' if a.pattern == 'prefixed' else ''}"
+
+        width = max(len(where_of(a)) for a in acls)
         for a in acls:
-            where = f"{a.resource} {a.name}"
+            where = where_of(a)
             print(f"{where:<{width}}  {','.join(a.operations):<44}  {a.why}")
         return 0
     print(f"# ACLs of app {app.id!r} for {args.principal} (agents-stream acls)")
     for a in acls:
         ops = " ".join(f"--operation {op}" for op in a.operations)
+        pattern = "" if a.pattern == "literal" else f" --resource-pattern-type {a.pattern}"
         print(f"# {a.why}")
         print(
             f"kafka-acls --bootstrap-server {args.bootstrap} --add --allow-principal "
-            f"{args.principal} {ops} --{a.resource} {a.name}"
+            f"{args.principal} {ops}{pattern} --{a.resource} {a.name}"
         )
     return 0

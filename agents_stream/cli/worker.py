@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from ..app import BROKER_ENV, App
 from ..errors import AgentsStreamError, ConfigurationError
+from ..kafka.admin import denial
 from ..kafka.config import scrub, url_secrets
 from .common import add_app_args, load_app, positive_int, setup_logging
 from .processes import parse_processes
@@ -185,13 +186,18 @@ def run(args: argparse.Namespace) -> int:
 
             metrics = serve_metrics(worker, args.metrics_host, args.metrics_port)
         signal.signal(signal.SIGTERM, previous)  # the worker installs its own on its loop
-        return worker.run()
+        code = worker.run()
+        refused = denial(worker.fatal) if worker.fatal is not None else None
+        if refused is not None:  # the last line names the ACL, as startup failures do
+            log.critical("worker stopped: %s", _scrub(refused, app))
+        return code
     except _Terminated:
         log.info("stopped by SIGTERM during startup")
         return 0
     except AgentsStreamError as exc:
         # One line naming the fix; the traceback only at debug level.
-        log.critical("worker stopped: %s", _scrub(exc, app), exc_info=_debug())
+        why = denial(exc) or exc
+        log.critical("worker stopped: %s", _scrub(why, app), exc_info=_debug())
         return 1
     except KafkaException as exc:
         if not exc.args or exc.args[0].code() != KafkaError._INVALID_ARG:

@@ -4,7 +4,8 @@ worker's :class:`~agents_stream.runtime.agent_host.AgentHost`, the Faust adapter
 What an exception escaping an action run means, in order:
 
 1. ``FATAL``: the journal cannot be trusted (:data:`~agents_stream.durable.errors.FATAL_ERRORS`:
-   an unreadable journal value, a strict-mode divergence). The host stops without
+   an unreadable journal value, a strict-mode divergence), or the cluster's authorizer
+   refused a write (a missing ACL: every record would fail alike). The host stops without
    committing the record, whatever ``on_error`` says: skipping it would guess state.
 2. ``FAIL``: ``App(on_error="fail")``, or a host with nowhere to dead-letter. The host
    stops without committing the record; the next owner runs it again.
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..durable.errors import FATAL_ERRORS
+from ..kafka.admin import denial
 
 OnError = Literal["dlq", "fail"]
 
@@ -40,7 +42,9 @@ class Verdict(enum.Enum):
 
 def classify(exc: BaseException, on_error: OnError, *, can_dead_letter: bool = True) -> Verdict:
     """The verdict on ``exc`` raised by an action run (see the module doc)."""
-    if isinstance(exc, FATAL_ERRORS):
+    if isinstance(exc, FATAL_ERRORS) or denial(exc) is not None:
+        # Also what the cluster's authorizer refused (a journal write): not the record's
+        # fault, so dead-lettering it (and every record after it) would lose them all.
         return Verdict.FATAL
     if on_error == "fail" or not can_dead_letter:
         return Verdict.FAIL
@@ -77,7 +81,7 @@ def judge(
     fields = dict(extra) if extra else None
     if verdict is Verdict.FATAL:
         # The message of a fatal error names the journal slot; a traceback adds nothing.
-        logger.critical("%s: %s; stopping the %s", what, exc, host, extra=fields)
+        logger.critical("%s: %s; stopping the %s", what, denial(exc) or exc, host, extra=fields)
     elif verdict is Verdict.FAIL:
         logger.critical(
             "%s: %r; stopping the %s (on_error=%r), the record is not committed",

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from ..errors import ConfigurationError, KafkaIOError
-from .config import admin_config, scrub
+from .config import admin_config, common_config, scrub
 
 log = logging.getLogger("agents_stream.kafka")
 
@@ -36,6 +36,86 @@ def validate_topic_names(names: Iterable[str]) -> None:
         else:
             continue
         raise ConfigurationError(f"invalid topic name {name!r}: it {problem}; rename it in the App")
+
+
+_CONFIG_WHERE = "--kafka-config, AGENTS_STREAM_KAFKA_* or App(kafka_config)"
+# "sasl_ssl://h:p/bootstrap: SSL handshake failed: ... (after 16ms in state SSL_HANDSHAKE)"
+_BROKER_PREFIX = re.compile(r"^\S+://\S+?: ")
+_AFTER = re.compile(r" \(after \d+ms in state \w+(, \d+ identical error\(s\) suppressed)?\)$")
+
+
+def refusal(error: KafkaError, bootstrap: str) -> str | None:
+    """One line naming what the cluster refused and the setting to fix, for an
+    authentication or TLS error librdkafka reported (None for any other error)."""
+    text = _AFTER.sub("", _BROKER_PREFIX.sub("", scrub(error.str())))
+    if error.code() == KafkaError._AUTHENTICATION:
+        return (
+            f"the Kafka cluster at {bootstrap} refused authentication ({text}): fix "
+            f"sasl.username / sasl.password (AGENTS_STREAM_KAFKA_SASL_PASSWORD) or "
+            f"sasl.mechanism in {_CONFIG_WHERE}"
+        )
+    if error.code() == KafkaError._SSL:
+        return (
+            f"TLS with the Kafka cluster at {bootstrap} failed ({text}): fix ssl.ca.location "
+            f"(the CA that signed the broker's certificate) in {_CONFIG_WHERE}, and check "
+            "that the certificate names this host"
+        )
+    return None
+
+
+# What an authorizer answers (ACLs): the principal may not do that; retrying cannot help.
+AUTHORIZATION_ERRORS = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    }
+)
+_DELIVERY = re.compile(r"^delivery to (\S+) failed")
+_READING = re.compile(r"^reading '?([^'\[\s]+)")
+
+
+def principal() -> str:
+    """``User:NAME`` of the SASL login configured (what ACLs name), else a description."""
+    user = common_config().get("sasl.username")
+    return f"User:{user}" if user else "this client's principal"
+
+
+def denied(refused: str, grant: str) -> str:
+    """One line: what the cluster's authorizer refused, and the ACL to grant."""
+    return (
+        f"the Kafka cluster refused {principal()} {refused}: grant it {grant} "
+        "(`agents-stream acls -A module:app` prints every ACL the app needs)"
+    )
+
+
+def denial(exc: BaseException) -> str | None:
+    """:func:`denied`'s line for a KafkaIOError an authorizer caused, else None."""
+    code = getattr(exc, "code", None)
+    if not isinstance(exc, KafkaIOError) or code not in AUTHORIZATION_ERRORS:
+        return None
+    text = str(exc)
+    if text.startswith("the Kafka cluster refused"):
+        return text  # said already
+    delivery = _DELIVERY.match(text)
+    if delivery is not None and code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        return denied(f"a write to topic {delivery[1]} ({text})", f"Write on topic {delivery[1]}")
+    reading = _READING.match(text)
+    if reading is not None and code == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        # Readers that assign partitions still look up their throwaway group's coordinator.
+        return denied(
+            f"a reader of {reading[1]} ({text})",
+            "Describe on the groups prefixed agents-stream- (the readers' throwaway groups)",
+        )
+    if reading is not None and code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        return denied(f"reading {reading[1]} ({text})", f"Read and Describe on topic {reading[1]}")
+    if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+        return denied(
+            f"a transactional producer ({text})",
+            "Write and Describe on the transactional ids prefixed with the app id and -",
+        )
+    return denied(f"an operation ({text})", "the ACL it names")
 
 
 class StartupCancelled(Exception):
@@ -80,12 +160,18 @@ class TopicAdmin:
         self._timeout = timeout
         self._cancel = cancel
         self._client: AdminClient | None = None
+        self._refused: str | None = None
+
+    def _on_error(self, error: KafkaError) -> None:
+        self._refused = self._refused or refusal(error, self._bootstrap)
 
     @property
     def client(self) -> AdminClient:
         if self._client is None:
             try:
-                self._client = AdminClient(admin_config(self._bootstrap))
+                self._client = AdminClient(
+                    admin_config(self._bootstrap, {"error_cb": self._on_error})
+                )
             except KafkaException as exc:
                 raise ConfigurationError(
                     f"Kafka client configuration rejected: {scrub(exc.args[0].str())}; fix "
@@ -104,6 +190,9 @@ class TopicAdmin:
             try:
                 return client.list_topics(timeout=max(0.05, min(0.5, left)))
             except KafkaException as exc:
+                client.poll(0)  # serves error_cb: a refused login or certificate
+                if self._refused is not None:  # is final: no use waiting out the timeout
+                    raise KafkaIOError(self._refused, code=exc.args[0].code()) from exc
                 if time.monotonic() >= deadline:
                     client.poll(0)  # hand librdkafka's log lines to Python logging
                     raise KafkaIOError(

@@ -46,10 +46,12 @@ from ..durable.pool import CodeBlockPool
 from ..errors import ConfigurationError, KafkaIOError
 from ..host.kit import DurableHost
 from ..kafka.admin import (
+    AUTHORIZATION_ERRORS,
     StartupCancelled,
     TopicAdmin,
     TopicSpec,
     compacted,
+    denied,
     validate_topic_names,
 )
 from ..kafka.config import configure, consumer_config
@@ -118,6 +120,7 @@ class Worker(CommitProtocol, Rebalancing):
         self.shutdown_timeout = shutdown_timeout
         self.max_in_flight = max_in_flight or app.max_in_flight
         self.exit_code = 0
+        self.fatal: BaseException | None = None  # what stopped it (_fail)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
@@ -412,6 +415,8 @@ class Worker(CommitProtocol, Rebalancing):
                     # member's already. Fenced now; the rebalance callbacks follow.
                     self.ownership.suspend(f"max.poll.interval.ms exceeded ({err})")
                     self._suspected()
+                elif code in AUTHORIZATION_ERRORS:
+                    self._denied(err)
                 else:
                     log.warning("consumer error: %s", err)
                 continue
@@ -675,7 +680,21 @@ class Worker(CommitProtocol, Rebalancing):
         assert self._loop is not None
         self._loop.run_in_executor(self._kafka, self._after_freeze)
 
+    def _denied(self, err: KafkaError) -> None:
+        """The group or an input refused by the cluster's authorizer: stop, in one line."""
+        self.exit_code = 1
+        if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            line = denied(
+                f"the consumer group {self.app.id} ({err.str()})",
+                f"Read and Describe on group {self.app.id}",
+            )
+        else:
+            topics = ", ".join(self.app.input_topics)
+            line = denied(f"reading its inputs ({err.str()})", f"Read and Describe on {topics}")
+        raise KafkaIOError(line, code=err.code())
+
     def _fail(self, exc: BaseException) -> None:
+        self.fatal = exc
         self.exit_code = 1
         assert self._stopping is not None
         self._stopping.set()

@@ -17,6 +17,12 @@ file marks a complete fetch: after it nothing touches the network.
 (``url``, ``bootstrap``, ``port``, ``pid``, ``log_file``, context manager, start/stop), so
 test fixtures use either, plus :meth:`KafkaBroker.restart` (same log dirs) and
 :meth:`KafkaBroker.kill` for crash tests.
+
+A secured broker (``KafkaBroker(secure=SecureListener(...))``) adds a SASL_SSL listener
+(SCRAM-SHA-512 users written at format time, a PEM keystore) and Kafka's
+``StandardAuthorizer``; the PLAINTEXT listener stays for the controller and a super user
+(``User:ANONYMOUS``) that sets up topics and ACLs. :func:`make_tls` writes a throwaway CA
+and broker certificate (``cryptography``) for it: nothing secret is committed.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -46,10 +53,13 @@ __all__ = [
     "KAFKA_VERSION",
     "KafkaBroker",
     "KafkaUnavailable",
+    "SecureListener",
+    "TlsFiles",
     "ensure_kafka",
     "find_java",
     "kafka_home",
     "kafka_missing",
+    "make_tls",
 ]
 
 KAFKA_VERSION = "4.1.1"
@@ -235,6 +245,124 @@ def ensure_kafka(version: str = KAFKA_VERSION, *, quiet: bool = True) -> Path:
     return lib
 
 
+# -- a secured listener ----------------------------------------------------------------------
+
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+SUPER_USER = "User:ANONYMOUS"  # the PLAINTEXT listener's principal: controller and set-up
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of :func:`make_tls`: ``ca`` for clients (``ssl.ca.location``),
+    ``keystore`` (the broker's unencrypted PKCS#8 key and its certificate) for the broker."""
+
+    ca: Path
+    keystore: Path
+
+
+def make_tls(directory: str | Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+             *, days: int = 2) -> TlsFiles:  # fmt: skip
+    """A throwaway CA and a broker certificate it signs, valid for ``hosts`` (IP or DNS
+    subject alternative names, so clients' hostname verification passes), as PEM files in
+    ``directory`` (mode 600). For tests: the CA key is not kept."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"agents-stream test CA {uuid.uuid4().hex[:8]}")])  # fmt: skip
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    files = TlsFiles(ca=d / "ca.pem", keystore=d / "broker-keystore.pem")
+    for path, data in (
+        (files.ca, ca_cert.public_bytes(pem)),
+        (files.keystore, key_pem + cert.public_bytes(pem) + ca_cert.public_bytes(pem)),
+    ):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+    return files
+
+
+@dataclass(frozen=True)
+class SecureListener:
+    """A SASL_SSL listener (SCRAM-SHA-512) with ACLs enforced.
+
+    Args:
+        users: SCRAM-SHA-512 users, name -> password, written when the log dir is
+            formatted (``kafka-storage format --add-scram``): a restart keeps them.
+        tls: the broker's PEM keystore (and the CA clients trust), from :func:`make_tls`.
+        port: the listener's port (a free one when omitted); kept across restarts.
+        authorizer: enforce ACLs (``StandardAuthorizer``; a principal with no ACL may do
+            nothing). ``super_users`` (the PLAINTEXT listener's ``User:ANONYMOUS`` by
+            default: the controller and the set-up of topics and ACLs) bypass them.
+    """
+
+    users: Mapping[str, str]
+    tls: TlsFiles
+    port: int | None = None
+    authorizer: bool = True
+    super_users: tuple[str, ...] = (SUPER_USER,)
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # the passwords stay out of test reports
+        return f"SecureListener(users={sorted(self.users)}, port={self.port})"
+
+
 # -- the broker ------------------------------------------------------------------------------
 
 
@@ -297,6 +425,9 @@ class KafkaBroker:
             ``{"log.cleaner.backoff.ms": "200"}``.
         heap: JVM heap options (``KAFKA_HEAP_OPTS`` when set, else ``-Xmx512m -Xms128m``).
         version: Kafka version to fetch and run.
+        secure: also listen with SASL_SSL (SCRAM-SHA-512 users, TLS) and enforce ACLs;
+            :attr:`secure_bootstrap` and :meth:`client_config` address it, while
+            :attr:`bootstrap` stays the PLAINTEXT super-user listener.
     """
 
     kind: Literal["kafka"] = "kafka"
@@ -311,13 +442,15 @@ class KafkaBroker:
         properties: Mapping[str, str | int] | None = None,
         heap: str | None = None,
         version: str = KAFKA_VERSION,
+        secure: SecureListener | None = None,
     ) -> None:
         self.host = host
-        if port is None:
-            self.port, self.controller_port = _free_ports(2)
-        else:
-            self.port = port
-            self.controller_port = next(p for p in _free_ports(2) if p != port)
+        taken = {p for p in (port, secure.port if secure else None) if p}
+        free = iter(p for p in _free_ports(2 + len(taken) + 1) if p not in taken)
+        self.port = port or next(free)
+        self.controller_port = next(free)
+        self.secure = secure
+        self.secure_port = (secure.port or next(free)) if secure else None
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir else None
         self.log_file = Path(log_file) if log_file else None
@@ -335,6 +468,30 @@ class KafkaBroker:
     @property
     def url(self) -> str:
         return f"kafka://{self.bootstrap}"
+
+    @property
+    def secure_bootstrap(self) -> str:
+        """``host:port`` of the SASL_SSL listener (``secure=`` only)."""
+        if self.secure_port is None:
+            raise ValueError("this broker has no secure listener (KafkaBroker(secure=...))")
+        return f"{self.host}:{self.secure_port}"
+
+    @property
+    def secure_url(self) -> str:
+        return f"kafka://{self.secure_bootstrap}"
+
+    def client_config(self, user: str, password: str | None = None) -> dict[str, str]:
+        """librdkafka settings for ``user`` on the SASL_SSL listener (its password from
+        ``secure.users`` unless given)."""
+        if self.secure is None:
+            raise ValueError("this broker has no secure listener (KafkaBroker(secure=...))")
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": SCRAM_MECHANISM,
+            "sasl.username": user,
+            "sasl.password": self.secure.users[user] if password is None else password,
+            "ssl.ca.location": str(self.secure.tls.ca),
+        }
 
     @property
     def running(self) -> bool:
@@ -392,7 +549,37 @@ class KafkaBroker:
             "broker.heartbeat.interval.ms": "500",
             "broker.session.timeout.ms": "3000",
         }
+        if self.secure is not None:
+            props.update(self._secure_properties(controller))
         props.update(self.properties)
+        return props
+
+    def _secure_properties(self, controller: str) -> dict[str, str]:
+        sec = self.secure
+        assert sec is not None
+        listeners = (
+            f"PLAINTEXT://{self.bootstrap},CONTROLLER://{controller},"
+            f"SASL_SSL://{self.secure_bootstrap}"
+        )
+        props = {
+            "listeners": listeners,
+            "advertised.listeners": listeners,
+            "listener.security.protocol.map": (
+                "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL"
+            ),
+            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            # PEM keystore (KIP-651): the unencrypted PKCS#8 key and the chain in one file.
+            "listener.name.sasl_ssl.ssl.keystore.type": "PEM",
+            "listener.name.sasl_ssl.ssl.keystore.location": str(sec.tls.keystore),
+        }
+        if sec.authorizer:
+            props["authorizer.class.name"] = STANDARD_AUTHORIZER
+            props["super.users"] = ";".join(sec.super_users)
+            props["allow.everyone.if.no.acl.found"] = "false"
+        props.update(sec.extra)
         return props
 
     def _write_config(self) -> Path:
@@ -437,9 +624,18 @@ class KafkaBroker:
             "-c",
             str(config),
         )
+        for user, password in self.secure.users.items() if self.secure else ():
+            # Kafka's own syntax; the value ends at "]" and splits at ",": refuse those.
+            if any(c in user + password for c in ',[]="') or not user or not password:
+                raise BrokerStartError(
+                    f'SCRAM user {user!r}: name/password with , [ ] = " or empty'
+                )
+            cmd += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if out.returncode != 0:
             tail = " | ".join((out.stdout + out.stderr).strip().splitlines()[-5:])
+            for password in self.secure.users.values() if self.secure else ():
+                tail = tail.replace(password, "[redacted]")
             raise BrokerStartError(f"kafka storage format failed ({out.returncode}): {tail}")
 
     # -- lifecycle ----------------------------------------------------------------------

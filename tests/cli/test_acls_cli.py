@@ -20,26 +20,47 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_every_topic_the_worker_touches_and_its_group():
-    acls = {(a.resource, a.name): set(a.operations) for a in app_acls(app)}
-    assert acls[("topic", "orders")] == {"Read", "Describe", "Create"}
+    acls: dict[tuple[str, str], set[str]] = {}
+    for a in app_acls(app):
+        acls.setdefault((a.resource, a.name), set()).update(a.operations)
+    # Write on the input: `dlq replay` produces dead letters back to it.
+    assert acls[("topic", "orders")] == {"Read", "Describe", "Create", "Write"}
     assert acls[("topic", "orders-dlq")] == {"Write", "Read", "Describe", "Create"}
     assert acls[("topic", "receipts")] == {"Write", "Read", "Describe", "Create"}
     assert acls[("topic", "payments-action-state")] >= {"Write", "Read", "DescribeConfigs"}
     assert acls[("group", "payments")] == {"Read", "Describe"}
-    assert len(acls) == 5
+    # The readers' throwaway groups (cache rebuild, CLI, Spark): a coordinator lookup.
+    [readers] = [a for a in app_acls(app) if a.pattern == "prefixed"]
+    assert (readers.resource, readers.name, readers.operations) == (
+        "group", "agents-stream-", ("Describe",)
+    )  # fmt: skip
+    assert len(acls) == 6
     assert all("Create" not in a.operations for a in app_acls(app, create_topics=False))
+
+
+def test_transactional_ids_only_with_exactly_once(monkeypatch):
+    assert not [a for a in app_acls(app) if a.resource == "transactional-id"]
+    monkeypatch.setattr(app, "processing_guarantee", "exactly_once", raising=False)
+    [txn] = [a for a in app_acls(app) if a.resource == "transactional-id"]
+    assert (txn.name, txn.pattern, set(txn.operations)) == (
+        "payments-", "prefixed", {"Write", "Describe"}
+    )  # fmt: skip
 
 
 def test_commands_and_table():
     out = cli("-A", "examples.payments:app", "--principal", "User:pay", "--bootstrap", "k:9093")
     assert out.returncode == 0, out.stderr
     commands = [ln for ln in out.stdout.splitlines() if ln.startswith("kafka-acls ")]
-    assert len(commands) == 5
+    assert len(commands) == 7
     assert (
         "kafka-acls --bootstrap-server k:9093 --add --allow-principal User:pay "
         "--operation Read --operation Describe --operation Create --topic orders"
     ) in commands
     assert any(c.endswith("--group payments") for c in commands)
+    assert (
+        "kafka-acls --bootstrap-server k:9093 --add --allow-principal User:pay "
+        "--operation Describe --resource-pattern-type prefixed --group agents-stream-"
+    ) in commands
     table = cli("-A", "examples.payments:app", "--format", "table", "--no-create")
     assert table.returncode == 0 and "Create" not in table.stdout
     assert "topic payments-action-state" in table.stdout
