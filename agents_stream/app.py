@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .testing.kit import AgentTestContext
 
 BROKER_ENV = "AGENTS_STREAM_BROKER"
+PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
 
 
 def normalize_broker(url: str) -> str:
@@ -98,7 +99,17 @@ class App:
             partition's completed-through marker (InputProgress) again, e.g. after a
             consumer-group offset reset. By default they are skipped: they finished, and
             running them again charges every side effect once more.
-        commit_interval: seconds between offset commits.
+        commit_interval: seconds between offset commits (with exactly-once: between
+            transaction commits, i.e. how long a ``read_committed`` reader downstream
+            waits for outputs at most, against one commit's cost per interval).
+        processing_guarantee: ``"at_least_once"`` (default): outputs are sent when
+            their action finishes and may be sent again after a crash or by a member
+            that lost its partitions. ``"exactly_once"``: each group commit is one Kafka
+            transaction holding the outputs, ActionDones, memory snapshots,
+            completed-through markers and input offsets it covers, so a
+            ``read_committed`` reader sees every output once. Needs Apache Kafka (or a
+            broker with isolating transactions; the embedded broker is refused);
+            journaled calls are acknowledged before the action goes on either way.
         output_scan_window: a worker that recovers an action unmarked (a worker died
             after its outputs were acked, before the emitted marker was) looks its
             outputs up in the output topic and sends only those not there: from when it
@@ -135,6 +146,7 @@ class App:
     prune_completed: bool = True
     rerun_completed: bool = False
     commit_interval: float = 1.0
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
     output_scan_window: float = 600.0
     partitions: int = 4
     replication_factor: int = -1
@@ -151,10 +163,21 @@ class App:
     def __post_init__(self) -> None:
         if not self.id or not self.id.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ConfigurationError(f"app id must be alphanumeric with -_. ; got {self.id!r}")
+        guarantee = str(self.processing_guarantee).replace("-", "_")
+        if guarantee not in PROCESSING_GUARANTEES:
+            raise ConfigurationError(
+                f"processing_guarantee must be one of {', '.join(PROCESSING_GUARANTEES)}; "
+                f"got {self.processing_guarantee!r}"
+            )
+        self.processing_guarantee = guarantee  # type: ignore[assignment]
         if self.code_block_threads < 1:
             raise ConfigurationError(
                 f"code_block_threads must be at least 1; got {self.code_block_threads}"
             )
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
 
     @property
     def action_state_topic(self) -> str:

@@ -120,6 +120,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "restarted, SIGTERM stops all (default 1, $AGENTS_STREAM_PROCESSES)",
     )
     p.add_argument(
+        "--processing-guarantee",
+        choices=["at-least-once", "exactly-once"],
+        default=os.environ.get("AGENTS_STREAM_PROCESSING_GUARANTEE"),
+        help="exactly-once: each commit is one Kafka transaction with the outputs, "
+        "ActionDones and input offsets it covers, so read_committed readers see every "
+        "output once (Apache Kafka only); default: App(processing_guarantee), which "
+        "defaults to at-least-once ($AGENTS_STREAM_PROCESSING_GUARANTEE)",
+    )
+    p.add_argument(
         "--rerun-completed",
         action="store_true",
         help="DANGER: run records below their partition's completed-through marker again "
@@ -156,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
             app.min_insync_replicas = args.min_insync_replicas
         if getattr(args, "rerun_completed", False):
             app.rerun_completed = True
+        guarantee = getattr(args, "processing_guarantee", None)
+        if guarantee:
+            app.processing_guarantee = guarantee.replace("-", "_")
         # Checked before anything touches a broker (or starts one).
         Worker.check_options(app)
         broker = _resolve_broker(app, args.broker)
@@ -238,6 +250,7 @@ def _supervise(args: argparse.Namespace, app: App, broker: str | None) -> int:
         ("--code-block-threads", args.code_block_threads),
         ("--replication-factor", args.replication_factor),
         ("--min-insync-replicas", args.min_insync_replicas),
+        ("--processing-guarantee", args.processing_guarantee),
     ):
         if value is not None:
             base += [flag, str(value)]

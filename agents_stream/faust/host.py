@@ -155,6 +155,15 @@ class DurableAgent:
             raise ConfigurationError(f"concurrency must be at least 1; got {concurrency}")
         self.concurrency = concurrency
         self.faust_app = faust_app
+        guarantee = str(getattr(faust_app.conf, "processing_guarantee", "at_least_once"))
+        if "exactly" in guarantee.lower():
+            # Faust's transactions cover its own producer only: outputs and ActionDones
+            # sent by this host would commit outside them.
+            raise ConfigurationError(
+                f"durable agents do not support Faust's processing_guarantee={guarantee}: "
+                "their outputs are at-least-once in a Faust app; run the agent in an "
+                "agents-stream worker with --processing-guarantee exactly-once instead"
+            )
         self.agent = agent
         self.topic = faust_app.topic(topic) if isinstance(topic, str) else topic
         names = list(self.topic.topics or ())

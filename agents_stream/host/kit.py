@@ -39,8 +39,9 @@ from ..durable.ownership import Ownership
 from ..durable.runner import ActionRunner, TimersHook
 from ..durable.sink import OutputSink
 from ..durable.store import ActionStateStore
-from ..kafka.config import delivery_timeout_ms, producer_config
+from ..kafka.config import delivery_timeout_ms, producer_config, transactional_config
 from ..kafka.producer import AckingProducer
+from ..kafka.transactions import TransactionalProducer
 from ..serde.journal import default_journal_codec
 from ..serde.values import ValueCodec, value_codec
 from ..state.kafka import KafkaActionStateStore
@@ -82,6 +83,11 @@ class DurableHost:
             (RebuildCancelled from the store's ``assign``).
         ownership: the host's partition holds (``durable/ownership.py``): code blocks,
             journal records and outputs of partitions not held are refused.
+        transactions: exactly-once (the worker of an ``exactly_once`` app): outputs,
+            dead letters and what a finished record journals go through
+            :attr:`transactions`, a transactional producer whose transaction the host
+            commits with its offsets (``kafka/transactions.py``); journaled calls stay
+            on :attr:`producer`.
     """
 
     def __init__(
@@ -98,6 +104,7 @@ class DurableHost:
         on_timers: TimersHook | None = None,
         cancel: threading.Event | None = None,
         ownership: Ownership | None = None,
+        transactions: bool = False,
     ) -> None:
         self.app = app
         self.bootstrap = bootstrap
@@ -107,7 +114,14 @@ class DurableHost:
         producer_conf = producer_config(bootstrap, app.producer_config)
         if produce or store is None:
             self.producer = AckingProducer(producer_conf)
-        self.dlq = DeadLetters(self.producer, app.id) if produce and self.producer else None
+        self.transactions: TransactionalProducer | None = None
+        if transactions and self.producer is not None:
+            self.transactions = TransactionalProducer(
+                transactional_config(producer_conf, f"{app.id}-{worker_id}")
+            )
+        # Where a finished record's writes go: the open transaction, if any.
+        outputs = self.transactions or self.producer
+        self.dlq = DeadLetters(outputs, app.id) if produce and outputs else None
         self.context = ContextConfig(
             app_id=app.id,
             worker_id=worker_id,
@@ -130,6 +144,8 @@ class DurableHost:
         assert store is not None
         if ownership is not None and isinstance(store, KafkaActionStateStore):
             store.ownership = ownership
+        if self.transactions is not None and isinstance(store, KafkaActionStateStore):
+            store.use_transactions(self.transactions)
         # Entries journaled before v5 carry no input topic; they belong to the app's first
         # input (an upgraded app had exactly one journal identity space).
         store.legacy_topics = frozenset(app.input_topics[:1])
@@ -139,7 +155,7 @@ class DurableHost:
         for spec in app.agents:
             out_codec = self._codec(spec.output_schema, spec.output) if spec.output else None
             sink = own_sinks.get(spec.input)
-            if sink is None and produce and out_codec is not None and self.producer:
+            if sink is None and produce and out_codec is not None and outputs:
                 assert spec.output is not None
                 found = OutputLog(
                     bootstrap,
@@ -153,7 +169,7 @@ class DurableHost:
                     # A partition's previous owner may have sent outputs since the read.
                     store.on_assign.append(lambda _, log=found: log.mark_stale())
                 sink = KafkaOutputSink(
-                    self.producer,
+                    outputs,
                     spec.output,
                     out_codec,
                     origin=app.id,
@@ -199,6 +215,8 @@ class DurableHost:
     def close(self) -> None:
         """Flush the producer (every pending journal record, output, dead letter) and
         release the caches."""
+        if self.transactions is not None:
+            self.transactions.close()
         if self.producer is not None:
             self.producer.close()
         for found in self._output_logs:

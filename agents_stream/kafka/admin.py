@@ -202,6 +202,10 @@ class TopicAdmin:
                         code=exc.args[0].code(),
                     ) from exc
 
+    def cluster_id(self) -> str | None:
+        """The cluster id the brokers report (None when they report none)."""
+        return getattr(self._metadata(), "cluster_id", None)
+
     def partition_counts(self, topics: list[str]) -> dict[str, int]:
         md = self._metadata()
         return {

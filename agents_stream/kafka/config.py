@@ -188,6 +188,22 @@ def producer_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> 
     return _layered("producer", conf, bootstrap, overrides)
 
 
+def transactional_config(conf: dict[str, Any], transactional_id: str) -> dict[str, Any]:
+    """``conf`` (a producer's) for the transactional producer of an exactly-once worker.
+
+    ``transaction.timeout.ms`` 10 s (Kafka Streams' choice for exactly-once) unless set:
+    a worker that dies mid-transaction holds back every ``read_committed`` reader of the
+    partitions it wrote (downstream consumers, the next owner's cache rebuild) until the
+    broker aborts its transaction, which it does after this long."""
+    out = dict(conf)
+    out["transactional.id"] = transactional_id
+    out.setdefault("transaction.timeout.ms", 10_000)
+    # Transactions need the idempotent producer; a user setting cannot turn it off here.
+    out["enable.idempotence"] = True
+    out["acks"] = "all"
+    return out
+
+
 def delivery_timeout_ms(conf: dict[str, Any]) -> int | None:
     """How long a producer with ``conf`` keeps trying to deliver a record, in ms (None:
     forever). librdkafka's ``delivery.timeout.ms`` (alias ``message.timeout.ms``),
@@ -213,6 +229,9 @@ def reader_config(bootstrap: str, overrides: dict[str, Any] | None = None) -> di
         # The end of a partition is learned from a fetch answered empty, which the broker
         # holds this long (default 500 ms): a caught-up cache took 0.5 s per assignment.
         "fetch.wait.max.ms": 10,
+        # librdkafka's default, said here: records of aborted transactions (an
+        # exactly-once worker's that died) are never read back as if they had happened.
+        "isolation.level": "read_committed",
         "log_level": 3,
     }
     return _layered("reader", conf, bootstrap, overrides)

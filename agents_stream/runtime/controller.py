@@ -52,6 +52,8 @@ from .epochs import Epoch, EpochManager, EpochMode
 log = logging.getLogger("agents_stream.runtime")
 
 Work = Callable[[], Awaitable[None]]
+
+
 class BatchFinish(Protocol):
     """How a batch's ``run`` reports: ``finish(i, ok)`` when record ``i`` is finished
     (``many`` for several at once), ``release(i)`` / ``release_many`` when its key is

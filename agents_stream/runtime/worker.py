@@ -55,6 +55,7 @@ from ..kafka.admin import (
     validate_topic_names,
 )
 from ..kafka.config import configure, consumer_config
+from ..kafka.transactions import TransactionalProducer
 from ..state.kafka import KafkaActionStateStore
 from .agent_host import AgentHost
 from .async_io import AsyncIOHost
@@ -162,6 +163,7 @@ class Worker(CommitProtocol, Rebalancing):
         self.ownership = Ownership()
         self._unconfirmed: set[tuple[str, int]] = set()
         self._verify_at = 0.0
+        self.transactions: TransactionalProducer | None = None  # exactly-once (_setup)
         self._last_poll = time.monotonic()
 
     # -- public -------------------------------------------------------------------------
@@ -223,6 +225,8 @@ class Worker(CommitProtocol, Rebalancing):
         )
         if app.agents:
             self._check_action_state(counts)
+        if app.exactly_once:
+            self._check_transactions()
         conf = consumer_config(self.broker, app.id, app.consumer_config)
         reset = str(conf.get("auto.offset.reset", "earliest")).lower()
         self._reset_earliest = reset in ("earliest", "smallest", "beginning")
@@ -242,9 +246,15 @@ class Worker(CommitProtocol, Rebalancing):
             on_timers=self.timers.add,
             cancel=self._cancel,
             ownership=self.ownership,
+            transactions=app.exactly_once,
         )
         assert self.kit.producer is not None and self.kit.dlq is not None
         self.producer = self.kit.producer
+        # Exactly-once: the producer of the transactions the commits close (its first
+        # one begun here; init fences an older producer of this worker's id).
+        self.transactions = self.kit.transactions
+        if self.transactions is not None:
+            self.transactions.begin()
         # Reports served between the loop's callbacks, not by a thread contending for
         # the GIL with it (kafka/producer.py).
         assert self._loop is not None and self._loop_thread is not None
@@ -280,7 +290,7 @@ class Worker(CommitProtocol, Rebalancing):
                 on_fatal=self._fail,
             )
         self._async_ios: dict[str, AsyncIOHost] = {
-            aio.input: AsyncIOHost(aio, self.producer, self.dlq, origin=app.id)
+            aio.input: AsyncIOHost(aio, self.transactions or self.producer, self.dlq, origin=app.id)
             for aio in app.async_ios
         }
         conf["enable.partition.eof"] = True  # arms held timers of caught-up partitions
@@ -315,6 +325,18 @@ class Worker(CommitProtocol, Rebalancing):
                 f"ActionState topic {topic} has cleanup.policy={policy or 'unset'}: set "
                 f"cleanup.policy=compact on it (kafka-configs --alter --add-config "
                 "cleanup.policy=compact)"
+            )
+
+    def _check_transactions(self) -> None:
+        """Exactly-once needs isolating transactions; the embedded broker's are not (its
+        ``read_committed`` readers see aborted records), so it is refused, not trusted."""
+        cluster = self.admin.cluster_id() or ""
+        if cluster.startswith("tansu"):
+            raise ConfigurationError(
+                f"processing_guarantee=exactly_once needs Apache Kafka: the broker at "
+                f"{self.broker} is the embedded one (cluster {cluster!r}), whose "
+                "transactions do not hide aborted records; use --processing-guarantee "
+                "at-least-once with it"
             )
 
     # -- main loop ----------------------------------------------------------------------

@@ -17,6 +17,17 @@ Commit protocol (every ``commit_interval`` and on revoke/shutdown):
 On assign, the partition's marker is read after the cache rebuild; records below it
 are skipped (not run, not output) and committed past, unless ``App(rerun_completed=True)``.
 
+Exactly-once (``App(processing_guarantee="exactly_once")``, :meth:`_transaction`): steps
+2 and 3 are one Kafka transaction. The finished records' outputs, ActionDones and
+snapshots are in it already (sent by the transactional producer as they finished); the
+markers are added, then the offsets (``send_offsets_to_transaction`` with the consumer's
+group metadata: the coordinator refuses them from a member of an old generation), then
+it commits and the next begins. A commit that fails aborts the transaction: every
+partition is then released as lost and taken again from its committed offsets (records
+whose outputs were aborted run again, calls replayed), as after a freeze. A transaction
+commits every ``commit_interval`` even when no offset moved (a slow record holding its
+partition back), so it never outlives the broker's transaction timeout.
+
 Commit bookkeeping (offsets, finished records) lives on the loop thread, where records
 finish; the kafka thread only receives snapshots. A commit loop that dies of anything
 but a Kafka error stops the worker with exit code 1.
@@ -36,6 +47,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from ..durable.acks import acked
 from ..durable.journal import InputProgress
 from ..errors import KafkaIOError
+from ..kafka.transactions import TransactionalProducer, TransactionFailed
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -66,11 +78,16 @@ class CommitProtocol:
     _loop: asyncio.AbstractEventLoop | None
     ownership: Ownership
 
+    transactions: TransactionalProducer | None
+    stats: defaultdict[str, int]
+
     if TYPE_CHECKING:  # provided by the other units of the worker
 
         async def _on_kafka(self, fn: Any, *args: Any) -> Any: ...
 
         def _fail(self, exc: BaseException) -> None: ...
+
+        def _suspected(self) -> None: ...
 
     # Offsets and finished records are bookkept on the loop, where records finish; only
     # snapshots cross to the kafka thread, so no dict is iterated while another thread
@@ -99,6 +116,9 @@ class CommitProtocol:
         self, only: set[tuple[str, int]] | None, *, asynchronous: bool = False
     ) -> None:
         """Steps 1-4 of the commit protocol; runs on the loop, commits on the kafka thread."""
+        if self.transactions is not None:
+            await self._commit_transaction(only)
+            return
         offsets = self._committable(only)
         if not offsets:
             return
@@ -107,6 +127,79 @@ class CommitProtocol:
         done = self._committed(offsets)
         if marked:  # unmarked: the records stay journaled, which is safe
             await self._on_kafka(self._prune, done)
+
+    async def _commit_transaction(self, only: set[tuple[str, int]] | None) -> None:
+        """Exactly-once: steps 1-4, steps 2 and 3 in the open transaction."""
+        assert self.transactions is not None
+        if self.ownership.suspended is not None:
+            return  # the transaction is being aborted (worker_rebalance._after_freeze)
+        offsets = self._committable(only)
+        if not offsets and not self.transactions.sent:
+            return
+        try:
+            await self._on_kafka(self._transaction, offsets)
+        except TransactionFailed as exc:
+            self._transaction_failed(exc)
+            return
+        done = self._committed(offsets)
+        await self._on_kafka(self._prune, done)
+
+    def _transaction(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Kafka thread: commit the open transaction with the completed-through markers
+        and consumer offsets of ``offsets`` (raises TransactionFailed, aborted)."""
+        transactions = self.transactions
+        assert transactions is not None
+        markers = self._progress_markers(offsets)
+        for marker in markers:  # into the open transaction; its commit waits for them
+            self.store.append([marker], marker.partition)  # type: ignore[union-attr]
+        ownership = self.ownership
+
+        def still_held() -> None:
+            # The last look before the commit: a partition lost meanwhile must not have
+            # its offsets (or anything of it) committed by this member.
+            if ownership.suspended is not None:
+                raise TransactionFailed(f"not committing: {ownership.suspended}")
+            for tp in offsets:
+                if not ownership.lease(*tp):
+                    raise TransactionFailed(f"not committing: {tp[0]}[{tp[1]}] is not held")
+
+        store = self.store
+
+        def committed(queued: set[tuple[str, int | None]]) -> None:
+            if store is not None:
+                store.committed({p for t, p in queued if t == store.topic and p is not None})
+
+        transactions.commit(
+            [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+            self.consumer.consumer_group_metadata(),
+            before=still_held,
+            after=committed,
+        )
+        if not self.app.rerun_completed:  # as _mark_progress: markers now committed
+            through = self._completed_through
+            for marker in markers:
+                tp = (marker.topic, marker.partition)
+                if tp in self._owned:
+                    through[tp] = max(through.get(tp, 0), marker.offset)
+
+    def _transaction_failed(self, exc: TransactionFailed) -> None:
+        """Loop thread: a transaction aborted. Everything it held is gone, finished
+        records of every partition included: all partitions are released as lost and
+        taken again from their committed offsets (as after a freeze). A fenced
+        producer (another worker took this one's transactional.id) stops the worker."""
+        if exc.fenced:
+            log.critical(
+                "%s: this worker's transactional producer was fenced (another worker runs "
+                "with its transactional.id); stopping without committing",
+                exc,
+            )
+            self._fail(exc)
+            return
+        log.warning("%s: every partition is taken again from its committed offsets", exc)
+        self.stats["transactions_aborted"] += 1
+        if self.ownership.suspended is None:
+            self.ownership.suspend(f"transaction aborted ({exc})")
+        self._suspected()
 
     def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]:
         """Loop thread: a snapshot of the offsets to commit, of partitions held (none

@@ -41,6 +41,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from ..durable.ownership import Ownership
 from ..errors import KafkaIOError
+from ..kafka.transactions import TransactionalProducer, TransactionFailed
 from ..state.recovery import RebuildCancelled
 from .timers import input_end
 
@@ -87,6 +88,7 @@ class Rebalancing:
     _loop: asyncio.AbstractEventLoop | None
     ownership: Ownership
     consumer: Consumer
+    transactions: TransactionalProducer | None
     _unconfirmed: set[tuple[str, int]]
     _verify_at: float
     _heartbeat_s: float
@@ -111,6 +113,10 @@ class Rebalancing:
         def _prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None: ...
 
         def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]: ...
+
+        def _transaction(self, offsets: dict[tuple[str, int], int]) -> None: ...
+
+        def _suspected(self) -> None: ...
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
@@ -205,13 +211,22 @@ class Rebalancing:
             self._quiesce(revoked, 0.0 if lost else self.shutdown_timeout), self._loop
         ).result()
         committed: dict[tuple[str, int], int] = {}
-        if offsets and not lost:
+        marked = True
+        if self.transactions is not None and not lost:
+            # Exactly-once: the open transaction holds finished records of every
+            # partition; it commits now with the revoked partitions' offsets.
+            try:
+                self._transaction(offsets)
+                committed = offsets
+            except TransactionFailed as exc:
+                self._lose_everything(str(exc))
+        elif offsets and not lost:
             try:
                 self._commit_offsets(offsets)
                 committed = offsets
             except KafkaIOError as exc:
                 log.warning("commit on revoke failed: %s", exc)
-        marked = not committed or self._mark_progress_blocking(committed)
+            marked = not committed or self._mark_progress_blocking(committed)
         done = asyncio.run_coroutine_threadsafe(
             self._forget(revoked, committed), self._loop
         ).result()
@@ -239,7 +254,20 @@ class Rebalancing:
         completed-through markers are written for them; their uncommitted records run
         again on the new owner, calls replayed from the journal."""
         log.warning("lost %s without a revoke (session expired?)", _fmt(partitions))
+        if self.transactions is not None:
+            # The open transaction holds their finished records' outputs, which their
+            # next owner sends again: it must abort, and with it what it holds of the
+            # other partitions, which are therefore taken again too.
+            self._lose_everything(f"lost {_fmt(partitions)}")
         self._on_revoke(consumer, partitions, lost=True)
+
+    def _lose_everything(self, why: str) -> None:
+        """Kafka thread (exactly-once): suspend every hold now; the loop then releases
+        them all, aborts the transaction and asks the group (:meth:`_after_freeze`)."""
+        if self.ownership.suspended is None:
+            self.ownership.suspend(f"{why}: the open transaction is aborted")
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._suspected)
 
     def _after_freeze(self) -> None:
         """Kafka thread, once the holds were suspended (see the module doc): release
@@ -247,6 +275,9 @@ class Rebalancing:
         held = [TopicPartition(t, p) for t, p in sorted(self._owned)]
         if held:
             self._on_revoke(self.consumer, held, lost=True)
+        if self.transactions is not None:
+            # Nothing of the abandoned records may commit (their next run sends them).
+            self.transactions.abort()
         self._unconfirmed |= {(tp.topic, tp.partition) for tp in held}
         # librdkafka heartbeats on its own thread: after one interval (and a margin) it
         # has heard whether the session survived, and delivers the loss on the next poll.

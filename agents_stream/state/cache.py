@@ -44,6 +44,11 @@ CHECKPOINT_KEY = b"\x00checkpoint"
 # Timer firings are keyed topic-less by design (their seq is negative) and do not count:
 # they made every partition with a fired timer pay those lookups for every record.
 LEGACY_KEY = b"\x00legacy"
+# Present while the cache may hold records of a transaction not committed yet (an
+# exactly-once worker applies its ActionDones and snapshots when the broker acks them, so
+# that the key's next record sees them). A cache opened with it is cleared and rebuilt
+# from the topic, read_committed: what it held of an aborted transaction is gone.
+UNCOMMITTED_KEY = b"\x00uncommitted"
 _RECORD_KINDS = frozenset(b"cat")  # first byte of call, done and truncation keys
 _SEP = b"\x1f"
 _RECORD_HEADS = (b"c" + _SEP, b"a" + _SEP, b"t" + _SEP)  # call, done, truncation keys
@@ -111,6 +116,14 @@ class PartitionCache:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.db = Rdict(str(path), options=_options())
+        if self.db.get(UNCOMMITTED_KEY) is not None:
+            log.info(
+                "%s: holds records of a transaction that may not have committed (its "
+                "worker stopped in it): rebuilt from the topic",
+                path,
+            )
+            for key in list(self.db.keys()):
+                self.db.delete(key)
         flag = self.db.get(LEGACY_KEY)
         if flag is None:  # a cache written before the flag existed: look once
             flag = b"1" if self._scan_legacy() else b"0"
@@ -209,6 +222,16 @@ class PartitionCache:
         self._checkpoint = 0
         if self._slots is not None:
             self._slots = {}
+
+    def mark_uncommitted(self) -> None:
+        """Before the first record of a transaction reaches this cache (see
+        UNCOMMITTED_KEY). Unlogged like every write: RocksDB persists them in order, so a
+        record applied later is never on disk without the mark."""
+        self.db.put(UNCOMMITTED_KEY, b"1", _UNLOGGED)
+
+    def mark_committed(self) -> None:
+        """Every transactional record this cache holds is committed."""
+        self.db.delete(UNCOMMITTED_KEY, _UNLOGGED)
 
     @property
     def checkpoint(self) -> int:

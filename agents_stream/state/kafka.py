@@ -27,15 +27,20 @@ from ..durable.journal import (
     MemorySnapshot,
     TimerEntry,
     Tombstone,
+    Truncation,
 )
 from ..durable.ownership import Ownership
 from ..durable.store import ActionStateStore, all_of
 from ..kafka.producer import Ack, AckingProducer
+from ..kafka.transactions import TransactionalProducer
 from ..serde.journal import JournalCodec
 from .cache import FLUSH_EVERY_S, PartitionCache
 from .recovery import rebuild_partitions
 
 log = logging.getLogger("agents_stream.state")
+
+# What a code block journals (results, PENDING, truncations): never transactional.
+_CALL_JOURNAL = (CallEntry, Truncation)
 
 
 class KafkaActionStateStore(ActionStateStore):
@@ -75,6 +80,34 @@ class KafkaActionStateStore(ActionStateStore):
         # for a partition it does not hold (durable/ownership.py).
         self.ownership: Ownership | None = None
         producer.on_acked(topic, self._on_acked)
+        # Exactly-once (see use_transactions): what a finished record writes goes into
+        # the open transaction; the partitions whose caches hold some of it.
+        self._txn: TransactionalProducer | None = None
+        self._uncommitted: set[int] = set()
+
+    def use_transactions(self, producer: TransactionalProducer) -> None:
+        """Exactly-once: ActionDones, memory snapshots, timers and completed-through
+        markers are sent by ``producer``, in its open transaction; journaled calls and
+        truncations stay on the idempotent producer, acknowledged before the action goes
+        on (guarantee 1 cannot wait for a commit). A cache that receives a transactional
+        record is marked uncommitted until :meth:`committed` (see
+        ``state/cache.py``), and rebuilds wait for open transactions to end."""
+        self._txn = producer
+        producer.on_acked(self.topic, self._on_acked)
+
+    @property
+    def transactional(self) -> bool:
+        return self._txn is not None
+
+    def committed(self, keep: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+        """The open transaction committed: every cache but those of ``keep`` (partitions
+        with sends queued for the next one) holds committed records only."""
+        with self._lock:
+            for partition in self._uncommitted - keep:
+                cache = self._caches.get(partition)
+                if cache is not None:
+                    cache.mark_committed()
+            self._uncommitted &= keep
 
     # -- partition lifecycle ----------------------------------------------------------
     def assign(self, *partitions: int) -> int:
@@ -101,7 +134,12 @@ class KafkaActionStateStore(ActionStateStore):
             for p in wanted:
                 caches[p] = PartitionCache(self._dir / f"p{p}", index_slots=self._index_slots)
             replayed = rebuild_partitions(
-                self._bootstrap, self.topic, caches, self._codec, cancel=self._cancel
+                self._bootstrap,
+                self.topic,
+                caches,
+                self._codec,
+                cancel=self._cancel,
+                transactional=self._txn is not None,
             )
         except BaseException:
             with self._lock:
@@ -113,6 +151,8 @@ class KafkaActionStateStore(ActionStateStore):
         self._start_flusher()
         with self._lock:
             for p in wanted:
+                if p in self._uncommitted:
+                    caches[p].mark_uncommitted()
                 # A suffix of the partition's acks, in offset order: applied after the
                 # rebuild, each record is at least as new as what the rebuild read.
                 for records, next_offset in self._assigning.pop(p, ()):
@@ -204,17 +244,34 @@ class KafkaActionStateStore(ActionStateStore):
             self.ownership.check_partition(partition, "journal write")
         # Every action run appends (its ActionDone at least), nearly always one entry.
         encode, key_of = self._codec.encode, keys.entry_key_bytes
+        producer = self._producer
+        if self._txn is not None and not isinstance(entries[-1], _CALL_JOURNAL):
+            producer = self._txn
+            if partition not in self._uncommitted:
+                self._mark_uncommitted(partition)
         if len(entries) == 1:
             entry = entries[0]
             value = None if isinstance(entry, Tombstone) else encode(entry)
-            return self._producer.send(self.topic, value, key=key_of(entry), partition=partition)
+            return producer.send(self.topic, value, key=key_of(entry), partition=partition)
         # A batch's ActionDones, emitted markers or effects: one future for the group.
         records = [(key_of(e), None if isinstance(e, Tombstone) else encode(e)) for e in entries]
-        return self._producer.send_all(self.topic, records, partition=partition)
+        return producer.send_all(self.topic, records, partition=partition)
+
+    def _mark_uncommitted(self, partition: int) -> None:
+        with self._lock:
+            cache = self._caches.get(partition)
+            if cache is not None:
+                cache.mark_uncommitted()
+            # A partition being assigned: marked when its cache opens (assign).
+            self._uncommitted.add(partition)
 
     def note(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> None:
         if self.ownership is not None and not self.ownership.holds(partition):
             return  # an emitted marker is a hint: the next owner looks the outputs up
+        if self._txn is not None:
+            # Exactly-once: outputs commit with their ActionDone, so a committed
+            # ActionDone's outputs are in the log; no emitted marker is needed.
+            return
         encode, key_of = self._codec.encode, keys.entry_key_bytes
         records = [(key_of(e), None if isinstance(e, Tombstone) else encode(e)) for e in entries]
         self._producer.send_untracked(self.topic, records, partition)

@@ -65,12 +65,13 @@ def rebuild_partition(
     *,
     timeout: float = 60.0,
     cancel: threading.Event | None = None,
+    transactional: bool = False,
 ) -> int:
     """Catch up one partition's cache; returns the number of records replayed."""
     caches = {partition: cache}
-    return rebuild_partitions(bootstrap, topic, caches, codec, timeout=timeout, cancel=cancel)[
-        partition
-    ]
+    return rebuild_partitions(
+        bootstrap, topic, caches, codec, timeout=timeout, cancel=cancel, transactional=transactional
+    )[partition]
 
 
 def rebuild_partitions(
@@ -81,9 +82,17 @@ def rebuild_partitions(
     *,
     timeout: float = 60.0,
     cancel: threading.Event | None = None,
+    transactional: bool = False,
 ) -> dict[int, int]:
     """Catch up several partitions with one consumer (one connection and fetch session
     for a whole assignment); returns records replayed per partition.
+
+    ``transactional`` (exactly-once apps): the reader is ``read_committed``, whose end of
+    a partition is its last stable offset; while a transaction is open (a worker died in
+    one: the broker aborts it after its ``transaction.timeout.ms``) the journaled calls
+    written after its first record are behind that offset too, and a cache caught up
+    only to it would run them again. So a partition is caught up only once its end
+    reaches the high watermark.
 
     Raises RebuildCancelled once ``cancel`` is set (checked between batches)."""
     starts = {p: cache.checkpoint for p, cache in caches.items()}
@@ -102,6 +111,7 @@ def rebuild_partitions(
     remaining: dict[int, int] = {}  # partition -> records to replay, once its watermark is known
     # Per partition: unreadable values not (yet) superseded, by key -> (offset, error).
     bad: dict[int, dict[bytes, tuple[int, JournalDecodeError]]] = {p: {} for p in caches}
+    held_back: dict[int, tuple[int, int]] = {}  # partition -> (last stable offset, high)
     try:
         # Explicit offsets, 0 for a new cache: a logical one (OFFSET_BEGINNING) costs an
         # offset lookup that added ~0.5 s to every rebuild, i.e. to every assignment; a
@@ -123,7 +133,7 @@ def rebuild_partitions(
                 if not open_parts:
                     break
                 if time.monotonic() > deadline:
-                    raise KafkaIOError(f"no end of partition seen for {topic}{sorted(open_parts)}")
+                    raise KafkaIOError(_no_end(topic, open_parts, held_back))
                 continue
             deadline = time.monotonic() + timeout
             batches: dict[int, list[tuple[bytes, bytes | None]]] = {}
@@ -147,6 +157,8 @@ def rebuild_partitions(
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
+                        if transactional and _open_transaction(consumer, topic, p, msg, held_back):
+                            continue
                         at_end.append(p)
                         continue
                     raise KafkaIOError(f"reading {topic}[{p}]: {err}", code=err.code())
@@ -196,7 +208,9 @@ def rebuild_partitions(
         for cache in caches.values():
             cache.settle()
     for p in sorted(scratch):
-        replayed[p] = _restart_from_scratch(bootstrap, topic, p, caches[p], codec, cancel)
+        replayed[p] = _restart_from_scratch(
+            bootstrap, topic, p, caches[p], codec, cancel, transactional
+        )
     return replayed
 
 
@@ -235,6 +249,43 @@ def _clean_runs(
         runs[p] = (run_keys, run_values, msgs[at + n - 1].offset() + 1)
         at += n
     return runs
+
+
+def _open_transaction(
+    consumer: Consumer,
+    topic: str,
+    partition: int,
+    eof: Message,
+    held_back: dict[int, tuple[int, int]],
+) -> bool:
+    """Whether the end-of-partition event ``eof`` stops at a last stable offset below
+    the high watermark (an open transaction): the partition is not caught up yet."""
+    _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+    stable = eof.offset()
+    if 0 <= stable < high:
+        if partition not in held_back:
+            log.info(
+                "%s[%d]: an open transaction holds the last stable offset at %d (high "
+                "watermark %d): waiting for it to commit or abort",
+                topic, partition, stable, high,
+            )  # fmt: skip
+        held_back[partition] = (stable, high)
+        return True
+    held_back.pop(partition, None)
+    return False
+
+
+def _no_end(topic: str, open_parts: set[int], held_back: dict[int, tuple[int, int]]) -> str:
+    held = {p: held_back[p] for p in sorted(open_parts) if p in held_back}
+    if not held:
+        return f"no end of partition seen for {topic}{sorted(open_parts)}"
+    where = ", ".join(f"{topic}[{p}] at {s} < {h}" for p, (s, h) in held.items())
+    return (
+        f"an open transaction holds the last stable offset ({where}) longer than the "
+        "rebuild waits: a producer of this transactional app died mid-transaction and the "
+        "broker has not aborted it yet (its transaction.timeout.ms; the worker sets 10 s "
+        "unless producer_config says otherwise)"
+    )
 
 
 def _past_the_end(
@@ -298,6 +349,7 @@ def _restart_from_scratch(
     cache: PartitionCache,
     codec: JournalCodec,
     cancel: threading.Event | None,
+    transactional: bool,
 ) -> int:
     log.warning(
         "%s[%d]: cache checkpoint %d is past the topic end; the topic was recreated, "
@@ -307,4 +359,6 @@ def _restart_from_scratch(
         cache.checkpoint,
     )
     cache.clear()
-    return rebuild_partition(bootstrap, topic, partition, cache, codec, cancel=cancel)
+    return rebuild_partition(
+        bootstrap, topic, partition, cache, codec, cancel=cancel, transactional=transactional
+    )

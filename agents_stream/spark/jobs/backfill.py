@@ -136,6 +136,14 @@ def run_backfill(
         raise ValueError(f"concurrency must be at least 1; got {concurrency}")
     index = pick_binding(app, agent)
     binding = app.agents[index]
+    if app.exactly_once:
+        log.warning(
+            "backfill of exactly-once app %s: journaled calls are never executed twice, "
+            "but the outputs the job writes are at-least-once (a retried Spark task "
+            "writes its partition's outputs again); downstream readers deduplicate them "
+            "by their x-agents-stream-output header",
+            app.id,
+        )
     app_id = app_id or app.id
     state_topic = f"{app_id}-action-state"
     committed: tuple[tuple[int, int], ...] = ()

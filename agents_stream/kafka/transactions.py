@@ -1,0 +1,240 @@
+"""TransactionalProducer: the exactly-once producer of a worker (KIP-98, KIP-447).
+
+In ``processing_guarantee="exactly_once"`` a worker has two producers. Journaled calls
+(CallResults, PENDING, truncations) stay on the idempotent producer: guarantee 1 needs a
+call's result durable *before* the action sees it, which a transaction only makes at its
+commit. Everything a finished record writes (outputs, ActionDones, memory snapshots,
+timers, dead letters, completed-through markers) goes through this one, and every group
+commit is one transaction with the consumer offsets in it
+(``send_offsets_to_transaction`` with the consumer's group metadata): a ``read_committed``
+reader sees a record's outputs exactly when its offset is committed.
+
+Records are sent from several threads (the event loop, the thread serving delivery
+reports, which chains outputs on ActionDone acks) while librdkafka refuses a produce
+once a commit started. So a commit first *holds* the gate: sends from then on are
+queued here (their futures work as usual), sends already inside ``produce`` finish;
+after the commit the next transaction begins and the queued sends are produced into it.
+Nothing blocks a sender, so a delivery-report callback can never wait for a commit that
+waits for it. An abort fails the queued sends instead: they belong to work the host is
+abandoning (it releases every partition after an abort), and must not slip into the
+next transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from ..errors import KafkaIOError
+from .producer import AckingProducer
+
+log = logging.getLogger("agents_stream.transactions")
+
+_Send = tuple[
+    str,
+    bytes | None,
+    bytes | None,
+    int | None,
+    list[tuple[str, bytes]] | None,
+    Callable[[KafkaError | None, Message], None] | None,
+]
+
+
+class TransactionFailed(KafkaIOError):
+    """A transaction did not commit (it was aborted, or the producer was fenced): none of
+    its records is visible to ``read_committed`` readers. ``fenced``: this producer can
+    never be used again (another one with its transactional.id, or a broker that
+    fenced it); otherwise the next transaction may begin after the abort."""
+
+    def __init__(self, message: str, *, fenced: bool = False, code: int | None = None) -> None:
+        super().__init__(message, code=code)
+        self.fenced = fenced
+
+
+class TransactionalProducer(AckingProducer):
+    """An :class:`AckingProducer` whose sends belong to the open transaction."""
+
+    def __init__(self, config: dict[str, Any], *, timeout: float = 30.0) -> None:
+        if not config.get("transactional.id"):
+            raise ValueError("a TransactionalProducer needs transactional.id")
+        super().__init__(config)
+        self.transactional_id = str(config["transactional.id"])
+        self.timeout = timeout
+        self._gate = threading.Condition()
+        self._held: list[_Send] | None = None  # sends queued while a commit runs
+        self._producing = 0  # sends inside produce() right now
+        self._open = False
+        self.sent = 0  # records produced into the open transaction
+        self.commits = 0
+        self.aborts = 0
+
+    # -- the transaction ------------------------------------------------------------------
+    def begin(self) -> None:
+        """Initialise (fencing older producers of this transactional.id and aborting
+        their open transaction) on first use, then begin a transaction."""
+        try:
+            if not self._open:
+                self.producer.init_transactions(self.timeout)
+                self._open = True
+            self.producer.begin_transaction()
+        except KafkaException as exc:
+            raise _failed("begin", exc) from exc
+
+    def commit(
+        self,
+        offsets: list[TopicPartition],
+        group_metadata: Any,
+        *,
+        before: Callable[[], None] | None = None,
+        after: Callable[[set[tuple[str, int | None]]], None] | None = None,
+    ) -> None:
+        """Commit the open transaction with ``offsets`` (of ``group_metadata``'s group) and
+        begin the next. ``before`` runs once every send is acknowledged and none can
+        start (a last check: raising aborts); ``after`` once the commit succeeded, with
+        the topics and partitions of the sends queued for the next transaction.
+
+        Raises :class:`TransactionFailed`; the transaction is then aborted (unless
+        fenced), queued sends fail, and the next one is begun."""
+        self._hold()
+        ok = False
+        try:
+            left = self.flush(self.timeout)
+            if left:
+                raise TransactionFailed(f"{left} records not acknowledged before the commit")
+            if before is not None:
+                before()
+            producer = self.producer
+            if offsets:
+                producer.send_offsets_to_transaction(offsets, group_metadata, self.timeout)
+            producer.commit_transaction(self.timeout)
+            self.commits += 1
+            self.sent = 0
+            ok = True
+            if after is not None:
+                after({(send[0], send[3]) for send in self._held or ()})
+        except KafkaException as exc:
+            failure = _failed("commit", exc)
+            self._recover(failure)
+            raise failure from exc
+        except Exception as exc:
+            self._recover(exc if isinstance(exc, TransactionFailed) else None)
+            raise
+        finally:
+            self._release(produce=ok)
+
+    def abort(self) -> None:
+        """Abort the open transaction (its records are never visible), fail the sends
+        queued meanwhile, and begin the next."""
+        self._hold()
+        try:
+            self._recover(None)
+        finally:
+            self._release(produce=False)
+
+    def _recover(self, failure: TransactionFailed | None) -> None:
+        """Abort, then begin again; a fenced producer stays closed (every send fails)."""
+        if failure is not None and failure.fenced:
+            return
+        self.aborts += 1
+        self.sent = 0
+        try:
+            self.producer.abort_transaction(self.timeout)
+        except KafkaException as exc:
+            raise _failed("abort", exc) from exc
+        # Reports of the aborted records (failed or not) are dispatched before the new
+        # transaction: none of them may be taken for one of the next.
+        self.flush(self.timeout)
+
+    # -- the gate ---------------------------------------------------------------------------
+    def _hold(self) -> None:
+        with self._gate:
+            self._held = []
+            while self._producing:
+                self._gate.wait()
+
+    def _release(self, *, produce: bool) -> None:
+        with self._gate:
+            held, self._held = self._held or [], None
+        if self._open:
+            try:
+                self.producer.begin_transaction()
+            except KafkaException as exc:
+                log.error("next transaction did not begin: %s", exc)
+        if not produce:
+            for topic, value, key, partition, _, delivered in held:
+                if delivered is not None:
+                    delivered(_ABORTED, _Unsent(topic, partition, key, value))
+            return
+        for send in held:
+            self.sent += 1
+            super()._produce(*send)
+
+    def _produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        partition: int | None,
+        headers: list[tuple[str, bytes]] | None,
+        delivered: Callable[[KafkaError | None, Message], None] | None,
+    ) -> None:
+        with self._gate:
+            if self._held is not None:
+                self._held.append((topic, value, key, partition, headers, delivered))
+                return
+            self._producing += 1
+            self.sent += 1
+        try:
+            super()._produce(topic, value, key, partition, headers, delivered)
+        finally:
+            with self._gate:
+                self._producing -= 1
+                if not self._producing:
+                    self._gate.notify_all()
+
+
+_ABORTED = KafkaError(KafkaError._PURGE_QUEUE, "transaction aborted before this record was sent")
+
+
+class _Unsent:
+    """What a delivery report's callback reads of a message, for a send that was queued
+    during a commit and failed by the abort without ever reaching the client."""
+
+    __slots__ = ("_key", "_partition", "_topic", "_value")
+
+    def __init__(self, topic: str, partition: int | None, key: bytes | None, value: bytes | None):
+        self._topic, self._partition, self._key, self._value = topic, partition, key, value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return -1 if self._partition is None else self._partition
+
+    def offset(self) -> int:
+        return -1
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+
+def _failed(step: str, exc: KafkaException) -> TransactionFailed:
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return TransactionFailed(f"transaction {step} failed: {exc}")
+    fenced = error.fatal() or error.code() in (
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError._FENCED,
+    )
+    what = "fenced" if fenced else "aborted"
+    return TransactionFailed(
+        f"transaction {step} failed ({what}): {error.str()}", fenced=fenced, code=error.code()
+    )
