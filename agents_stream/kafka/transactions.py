@@ -23,6 +23,8 @@ next transaction.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +35,11 @@ from ..errors import KafkaIOError
 from .producer import AckingProducer
 
 log = logging.getLogger("agents_stream.transactions")
+
+# Fault injection for the crash tests (tests/fault/test_transactions.py): SIGKILL this
+# process at one step of the first commit that carries offsets and at least 20 records
+# (outputs, ActionDones). Never set in production.
+_KILL_AT = os.environ.get("AGENTS_STREAM_TEST_KILL_IN_TRANSACTION", "")
 
 _Send = tuple[
     str,
@@ -108,9 +115,14 @@ class TransactionalProducer(AckingProducer):
             if before is not None:
                 before()
             producer = self.producer
+            # The crash tests' kill points: a commit that holds finished records.
+            faulty = bool(offsets) and self.sent >= 20
             if offsets:
+                _step("before-offsets", faulty)
                 producer.send_offsets_to_transaction(offsets, group_metadata, self.timeout)
+                _step("before-commit", faulty)
             producer.commit_transaction(self.timeout)
+            _step("after-commit", faulty)
             self.commits += 1
             self.sent = 0
             ok = True
@@ -223,6 +235,12 @@ class _Unsent:
 
     def value(self) -> bytes | None:
         return self._value
+
+
+def _step(name: str, armed: bool) -> None:
+    if armed and name == _KILL_AT:
+        log.warning("killed in the transaction (%s): AGENTS_STREAM_TEST_KILL_IN_TRANSACTION", name)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _failed(step: str, exc: KafkaException) -> TransactionFailed:

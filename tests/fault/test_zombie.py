@@ -68,6 +68,21 @@ def owns_some(log: str) -> bool:
 def test_frozen_worker_touches_nothing_after_resume(
     frozen_s, broker, topic_factory, worker_factory, tmp_path, capsys
 ):
+    _zombie(frozen_s, "at-least-once", broker, topic_factory, worker_factory, tmp_path, capsys)
+
+
+@pytest.mark.kafka_only
+def test_frozen_worker_exactly_once_no_duplicate_downstream(
+    broker, topic_factory, worker_factory, tmp_path, capsys
+):
+    """Exactly-once: the zombie's open transaction aborts (or times out) and the other
+    worker's commits hold each output once; the tail reads read_committed (librdkafka's
+    default), so duplicates downstream must be 0, not merely bounded."""
+    _zombie(20.0, "exactly-once", broker, topic_factory, worker_factory, tmp_path, capsys)
+
+
+def _zombie(frozen_s, guarantee, broker, topic_factory, worker_factory, tmp_path, capsys) -> None:
+    mode = ["--processing-guarantee", guarantee]
     ledger = tmp_path / "ledger.sqlite"
     env = {
         "AS_APP_ID": topic_factory("app"),
@@ -78,9 +93,9 @@ def test_frozen_worker_touches_nothing_after_resume(
     }
     create_topics(broker.bootstrap, [env["AS_INPUT"], env["AS_OUTPUT"]], partitions=PARTITIONS)
     app = "tests.apps.zombie_app:app"
-    victim = worker_factory(app, env, extra_args=["--data-dir", str(tmp_path / "d0")])
+    victim = worker_factory(app, env, extra_args=[*mode, "--data-dir", str(tmp_path / "d0")])
     wait_log(victim, "assigned", timeout=90)
-    other = worker_factory(app, env, extra_args=["--data-dir", str(tmp_path / "d1")])
+    other = worker_factory(app, env, extra_args=[*mode, "--data-dir", str(tmp_path / "d1")])
     deadline = time.monotonic() + 90
     while not (owns_some(other.log()) and "revoked" in victim.log()):
         assert time.monotonic() < deadline, victim.log()[-3000:] + other.log()[-3000:]
@@ -158,7 +173,7 @@ def test_frozen_worker_touches_nothing_after_resume(
     )
     with capsys.disabled():
         print(
-            f"\nzombie ({getattr(broker, 'kind', 'broker')}): frozen {frozen_s:.1f}s ({path}); "
+            f"\nzombie ({getattr(broker, 'kind', 'broker')}, {guarantee}): frozen {frozen_s:.1f}s ({path}); "
             f"victim "
             f"had {in_flight_at_stop} records in flight at the SIGSTOP; after SIGCONT it "
             f"started {len(victim_after)} code blocks ({len(zombie_dups)} of calls the "
@@ -171,3 +186,5 @@ def test_frozen_worker_touches_nothing_after_resume(
     assert not zombie_dups, (zombie_dups[:20], victim_log[-4000:])
     assert not reexecuted_acked, reexecuted_acked[:20]
     assert duplicates <= in_flight_at_stop, (duplicates, in_flight_at_stop)
+    if guarantee == "exactly-once":
+        assert duplicates == 0, (duplicates, victim_log[-4000:])
