@@ -195,6 +195,27 @@ def test_action_state_not_compacted(broker, topic_factory, tmp_path: Path) -> No
 
 
 @pytest.mark.broker
+def test_exactly_once_is_refused_on_the_embedded_broker(
+    broker, topic_factory, tmp_path: Path
+) -> None:
+    """Its read_committed readers see aborted records: exactly-once would be a promise
+    the broker cannot keep. On Apache Kafka the same command starts."""
+    env = _env(AS_APP_ID=topic_factory("app"), AS_INPUT=topic_factory("in"))
+    cmd = _cmd(
+        "tests.apps.ops_app", "-b", broker.url, "--data-dir", str(tmp_path),
+        "--processing-guarantee", "exactly-once",
+    )  # fmt: skip
+    if getattr(broker, "kind", "embedded") == "kafka":
+        rc, out, _ = _terminate_after(cmd, env, "assigned", 0.0)
+        assert rc == 0, out
+        return
+    rc, out, took = _run(cmd, env)
+    assert rc == 1, out
+    _assert_one_line(out, "exactly_once needs Apache Kafka", "at-least-once", alone=False)
+    assert took < 15
+
+
+@pytest.mark.broker
 def test_embedded_broker_is_opt_in(tmp_path: Path) -> None:
     cmd = _cmd("tests.apps.ops_app", "--broker", "embedded", "--data-dir", str(tmp_path))
     rc, out, took = _terminate_after(cmd, _env(), "assigned", 0.0)

@@ -106,7 +106,7 @@ def test_an_ack_arriving_while_the_partition_is_assigned_reaches_its_cache(
 
     store = _store(tmp_path)
 
-    def rebuild(bootstrap, topic, caches, codec, cancel=None):  # type: ignore[no-untyped-def]
+    def rebuild(bootstrap, topic, caches, codec, cancel=None, transactional=False):  # type: ignore[no-untyped-def]
         for cache in caches.values():
             cache.apply([(b"c\x1fk\x1f1\x1fin\x1fA.run#0\x1f0", b"old")], 5)
         store._on_acked([Ack("t-state", 0, 5, b"c\x1fk\x1f1\x1fin\x1fA.run#0\x1f0", b"new", None)])  # type: ignore[arg-type]
