@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 from ..app import App
-from ..errors import AgentsStreamError
+from ..errors import AgentsStreamError, ConfigurationError
 from .common import load_app
 
 # Throwaway consumer groups of the readers that assign partitions and never commit: the
@@ -72,6 +74,40 @@ def app_acls(app: App, *, create_topics: bool = True) -> list[Acl]:
     return out
 
 
+def faust_acls(durable: Any, *, create_topics: bool = True) -> list[Acl]:
+    """Every ACL a Faust app running ``durable`` (a ``durable_agent(...)``) needs: the
+    durable agent's topics (as a worker's) and Faust's own group and internal topics."""
+    faust_app = durable.faust_app
+    faust_id = str(faust_app.conf.id)
+    like_app = SimpleNamespace(
+        id=faust_id,  # Faust's consumer group
+        input_topics=[durable.input],
+        agents=[SimpleNamespace(output=durable.output)],
+        async_ios=[],
+        action_state_topic=durable.action_state_topic,
+    )
+    out = app_acls(like_app, create_topics=create_topics)  # type: ignore[arg-type]
+    create = ("Create",) if create_topics else ()
+    internal = [f"{faust_id}-__assignor-__leader"]
+    internal += [t.changelog_topic.get_topic_name() for t in faust_app.tables.values()]
+    for topic in internal:
+        out.append(Acl("topic", topic, ("Write", "Read", "Describe", *create),
+                       "Faust's own topic (leader election, table changelogs)"))  # fmt: skip
+    return out
+
+
+def _load(spec: str) -> Any:
+    """The App of ``spec``, or a Faust durable agent (``durable_agent(...)``'s result)."""
+    try:
+        return load_app(spec)
+    except ConfigurationError:
+        module, _, attr = spec.partition(":")
+        found = getattr(sys.modules.get(module), attr or "app", None)
+        if type(found).__module__ == "agents_stream.faust.host":
+            return found
+        raise
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "acls",
@@ -91,7 +127,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-A", "--app", required=True, help="the App, as module:attribute")
+    p.add_argument(
+        "-A",
+        "--app",
+        required=True,
+        help="the App, as module:attribute (or a Faust app's durable_agent(...) result)",
+    )
     p.add_argument(
         "--principal", default="User:<principal>", help="the workers' principal (User:NAME)"
     )
@@ -116,14 +157,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        app = load_app(args.app)
+        app = _load(args.app)
     except AgentsStreamError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if not args.principal.startswith(("User:", "Group:")) or args.principal.endswith(":"):
         print(f"error: --principal {args.principal!r}: expected User:NAME", file=sys.stderr)
         return 1
-    acls = app_acls(app, create_topics=not args.no_create)
+    create = not args.no_create
+    acls = (
+        app_acls(app, create_topics=create)
+        if isinstance(app, App)
+        else faust_acls(app, create_topics=create)
+    )
     if args.format == "table":
 
         def where_of(a: Acl) -> str:
@@ -134,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
             where = where_of(a)
             print(f"{where:<{width}}  {','.join(a.operations):<44}  {a.why}")
         return 0
-    print(f"# ACLs of app {app.id!r} for {args.principal} (agents-stream acls)")
+    app_id = app.id if isinstance(app, App) else app.faust_app.conf.id
+    print(f"# ACLs of app {app_id!r} for {args.principal} (agents-stream acls)")
     for a in acls:
         ops = " ".join(f"--operation {op}" for op in a.operations)
         pattern = "" if a.pattern == "literal" else f" --resource-pattern-type {a.pattern}"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from agents_stream.cli.acls import app_acls
 from examples.payments import app
@@ -71,3 +74,19 @@ def test_bad_input_is_one_line():
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "User:NAME" in bad.stderr
     missing = cli("-A", "nope.module:app")
     assert missing.returncode == 1 and "cannot import" in missing.stderr
+
+
+def test_faust_durable_agent(monkeypatch):
+    """-A may name a Faust app's durable_agent(...): its topics plus Faust's own."""
+    pytest.importorskip("faust")
+    env = {"AS_APP_ID": "fa", "AS_INPUT": "fin", "AS_OUTPUT": "fout"}
+    out = subprocess.run(
+        [sys.executable, "-m", "agents_stream", "acls", "-A", "tests.security.faust_app:durable",
+         "--format", "table", "--no-create"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {" ".join(ln.split()[:2]): ln.split()[2] for ln in out.stdout.splitlines()}
+    assert rows["topic fa-action-state"] == "Write,Read,Describe,DescribeConfigs"
+    assert rows["topic fa-__assignor-__leader"] == "Write,Read,Describe"
+    assert rows["group fa"] == "Read,Describe" and rows["topic fin-dlq"]

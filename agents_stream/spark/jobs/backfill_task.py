@@ -37,7 +37,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...app import AgentBinding, App
@@ -52,7 +52,7 @@ from ...durable.sink import Sink
 from ...errors import KafkaIOError
 from ...host.kit import DurableHost
 from ...host.output_log import OutputLog
-from ...kafka.config import delivery_timeout_ms, producer_config
+from ...kafka.config import common_config, configure, delivery_timeout_ms, producer_config
 from ...serde.journal import default_journal_codec
 from ...serde.values import JsonValueCodec
 from ...state.memory import InMemoryActionStateStore
@@ -78,6 +78,29 @@ class InputRecord:
     keyless: bool = False  # no record key: no memory, no timers, as in the worker
 
 
+def _driver_client_config() -> tuple[tuple[str, Any], ...]:
+    """The driver's common client configuration (security settings), for executors: their
+    processes never saw --kafka-config or App(kafka_config). Plain values only (a
+    callback does not pickle)."""
+    return tuple(
+        (k, v) for k, v in sorted(common_config().items()) if isinstance(v, str | int | float)
+    )
+
+
+# The settings of a client configuration that say how to reach and log in to the cluster.
+_CONNECTION = ("security.", "sasl.", "ssl.", "ssl_", "enable.ssl", "oauthbearer", "client.")
+
+
+def _on_executor(conf: dict[str, Any]) -> None:
+    """Make the clients an executor builds itself (journal writer, output lookup) use the
+    connection settings of ``conf``, a client configuration made on the driver."""
+    connection = {
+        k: v for k, v in conf.items() if k.startswith(_CONNECTION) and isinstance(v, str | int)
+    }
+    if connection:
+        configure(connection)
+
+
 @dataclass(frozen=True)
 class BackfillTask:
     """Everything a task needs; pickled to executors (the App by value, agent classes by
@@ -94,6 +117,8 @@ class BackfillTask:
             there (the outputs not in it yet, with identity headers) and the emitted
             markers to journal afterwards (written only with ``write_journal``).
         concurrency: records of distinct keys a task runs at once (1: one at a time).
+        kafka_config: the driver's common client configuration (captured when the task is
+            made), applied on the executor before any client is built.
     """
 
     app: App
@@ -106,6 +131,10 @@ class BackfillTask:
     committed: tuple[tuple[int, int], ...] = ()  # worker group's (partition, offset)
     emits: bool = False
     concurrency: int = 64
+    kafka_config: tuple[tuple[str, Any], ...] = field(default_factory=_driver_client_config)
+
+    def __repr__(self) -> str:  # the configuration may hold a password
+        return f"BackfillTask(app_id={self.app_id!r}, state_topic={self.state_topic!r})"
 
     @property
     def agent_binding(self) -> AgentBinding:
@@ -119,6 +148,7 @@ def run_partition(
     state: Sequence[tuple[bytes, bytes]],
 ) -> list[dict[str, Any]]:
     """Runs one partition's records (steps in the module docstring); one row per record."""
+    _on_executor(dict(task.kafka_config))  # SASL/TLS of --kafka-config, App(kafka_config)
     codec = default_journal_codec(task.app.schema_registry_url, task.state_topic)
     entries: list[JournalEntry] = [codec.decode(k, v) for k, v in state]
     store = _TaskStore(entries)
@@ -417,6 +447,7 @@ def emit_rows(
     With ``already`` (a retried attempt, whose predecessor may have sent some of them)
     and the journal ``codec`` of the markers, outputs found in the topic are not sent
     again. Returns how many outputs were sent."""
+    _on_executor(conf)
     rows = list(rows)
     n = produce_outputs(
         conf,
