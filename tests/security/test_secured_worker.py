@@ -116,3 +116,41 @@ def test_worker_dlq_state_and_rebuild_as_granted_principal(secured, names, tmp_p
         helped = cli(env, *command)
         seen[" ".join(command)] = helped.stdout + helped.stderr
     assert_no_password(secured, seen)
+
+
+EOS_APP = "tests.security.eos_app:app"
+
+
+@pytest.mark.parametrize("granted", ["all", "no-transactional-id"])
+def test_exactly_once_needs_the_transactional_id_acl(secured, names, tmp_path, granted):
+    """An exactly-once app's principal: what `acls` prints (its transactional-id prefix
+    included) runs it; without the transactional-id ACL the worker stops in one line."""
+    env = {**names}
+    commands = printed_acls(EOS_APP, "User:worker", env)
+    assert any(c.endswith(f"--transactional-id {names['AS_APP_ID']}-") for c in commands)
+    if granted != "all":
+        commands = [c for c in commands if "--transactional-id" not in c]
+    grant(secured, commands)
+    create_topics(secured.admin_bootstrap, [names["AS_INPUT"]], partitions=2)
+    env.update(secured.client_files("worker", tmp_path / "conf"))
+    proc = WorkerProcess(
+        EOS_APP, broker=secured.url, data_dir=tmp_path / "data", env=env,
+        log_file=tmp_path / "eos.log", cwd=ROOT, extra_args=["--worker-id", "e1"],
+    ).start()  # fmt: skip
+    produce(
+        secured.admin_bootstrap,
+        names["AS_INPUT"],
+        [(f"k{i}", {"order": f"o{i}"}) for i in range(4)],
+    )
+    if granted == "all":
+        outs = wait_for_records(secured.admin_bootstrap, names["AS_OUTPUT"], 4, timeout=90)
+        assert sorted(r.json()["order"] for r in outs) == ["o0", "o1", "o2", "o3"], proc.log()
+        assert proc.terminate() == 0, proc.log()
+    else:
+        assert proc.proc is not None
+        code = proc.proc.wait(45)
+        # The line: (a thread traceback of the producer's poll loop may follow it)
+        [line] = [ln for ln in proc.log().splitlines() if "CRITICAL agents_stream.cli" in ln]
+        assert code != 0 and "refused User:worker a transactional producer" in line, line
+        assert "Write and Describe on the transactional ids prefixed" in line, line
+    assert_no_password(secured, {"worker log": proc.log()})
