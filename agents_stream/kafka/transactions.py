@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from ..errors import KafkaIOError
 from .producer import AckingProducer
@@ -78,6 +78,7 @@ class TransactionalProducer(AckingProducer):
         self.sent = 0  # records produced into the open transaction
         self.commits = 0
         self.aborts = 0
+        self.renewals = 0
 
     # -- the transaction ------------------------------------------------------------------
     def begin(self) -> None:
@@ -148,18 +149,43 @@ class TransactionalProducer(AckingProducer):
             self._release(produce=False)
 
     def _recover(self, failure: TransactionFailed | None) -> None:
-        """Abort, then begin again; a fenced producer stays closed (every send fails)."""
-        if failure is not None and failure.fenced:
-            return
+        """Abort the open transaction; a fenced producer (its epoch bumped: the broker
+        aborted a transaction that outlived ``transaction.timeout.ms``, as a frozen
+        worker's does, or another producer took its transactional.id) is replaced by a
+        new one, whose initialisation aborts whatever the old one left open."""
         self.aborts += 1
         self.sent = 0
+        if failure is None or not failure.fenced:
+            try:
+                self.producer.abort_transaction(self.timeout)
+            except KafkaException as exc:
+                failure = _failed("abort", exc)
+                if not failure.fenced:
+                    raise failure from exc
+            else:
+                # Reports of the aborted records (failed or not) are dispatched before the
+                # new transaction: none of them may be taken for one of the next.
+                self.flush(self.timeout)
+                return
+        self._renew(failure)
+
+    def _renew(self, why: TransactionFailed) -> None:
+        log.warning("%s: replacing the transactional producer %s", why, self.transactional_id)
+        old = self._producer
+        if old is not None:
+            try:  # its records in flight fail now (their reports dispatched as usual)
+                old.purge()
+                old.poll(0)
+            except Exception:  # a fatal producer may refuse even that
+                pass
+        self.renewals += 1
+        with self._lock:  # the poll thread reads _producer on every round
+            self._producer = Producer(self._config)
+        self._dispatch()
         try:
-            self.producer.abort_transaction(self.timeout)
+            self._producer.init_transactions(self.timeout)
         except KafkaException as exc:
-            raise _failed("abort", exc) from exc
-        # Reports of the aborted records (failed or not) are dispatched before the new
-        # transaction: none of them may be taken for one of the next.
-        self.flush(self.timeout)
+            raise _failed("init", exc) from exc
 
     # -- the gate ---------------------------------------------------------------------------
     def _hold(self) -> None:

@@ -183,18 +183,10 @@ class CommitProtocol:
                     through[tp] = max(through.get(tp, 0), marker.offset)
 
     def _transaction_failed(self, exc: TransactionFailed) -> None:
-        """Loop thread: a transaction aborted. Everything it held is gone, finished
-        records of every partition included: all partitions are released as lost and
-        taken again from their committed offsets (as after a freeze). A fenced
-        producer (another worker took this one's transactional.id) stops the worker."""
-        if exc.fenced:
-            log.critical(
-                "%s: this worker's transactional producer was fenced (another worker runs "
-                "with its transactional.id); stopping without committing",
-                exc,
-            )
-            self._fail(exc)
-            return
+        """Loop thread: a transaction aborted (a fenced producer was replaced by a new
+        one). Everything it held is gone, finished records of every partition included:
+        all partitions are released as lost and taken again from their committed offsets
+        (as after a freeze)."""
         log.warning("%s: every partition is taken again from its committed offsets", exc)
         self.stats["transactions_aborted"] += 1
         if self.ownership.suspended is None:

@@ -118,6 +118,8 @@ class Rebalancing:
 
         def _suspected(self) -> None: ...
 
+        def _fail(self, exc: BaseException) -> None: ...
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
         partitions already owned keep running meanwhile. Under an eager assignor it is
@@ -277,7 +279,13 @@ class Rebalancing:
             self._on_revoke(self.consumer, held, lost=True)
         if self.transactions is not None:
             # Nothing of the abandoned records may commit (their next run sends them).
-            self.transactions.abort()
+            try:
+                self.transactions.abort()
+            except Exception as exc:  # no transaction can begin: nothing can commit
+                log.critical("transactional producer unusable, stopping: %s", exc)
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self._fail, exc)
+                return
         self._unconfirmed |= {(tp.topic, tp.partition) for tp in held}
         # librdkafka heartbeats on its own thread: after one interval (and a margin) it
         # has heard whether the session survived, and delivers the loss on the next poll.
