@@ -232,8 +232,12 @@ def read_dead_letters(bootstrap: str, topic: str, *, timeout: float = 30.0) -> l
     """Every record of ``topic`` up to the end each partition's fetch reports."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+    from ..kafka.admin import TopicAdmin
     from ..kafka.config import reader_config
 
+    # Reaches the cluster first: a refused login or certificate ends in one line naming
+    # the setting, at once (the consumer below would wait out the timeout, then raise).
+    TopicAdmin(bootstrap, timeout).partition_counts([topic])
     consumer = Consumer(
         reader_config(
             bootstrap, {"group.id": f"agents-stream-dlq-cli-{uuid.uuid4().hex}", "log_level": 0}

@@ -137,8 +137,12 @@ def read_latest(
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+    from ..kafka.admin import TopicAdmin
     from ..kafka.config import reader_config
 
+    # Reaches the cluster first: a refused login or certificate ends in one line naming
+    # the setting, at once (the consumer below would wait out the timeout, then raise).
+    TopicAdmin(bootstrap, timeout).partition_counts([topic])
     consumer = Consumer(
         reader_config(
             bootstrap, {"group.id": f"agents-stream-state-cli-{uuid.uuid4().hex}", "log_level": 0}

@@ -5,6 +5,9 @@ wrong password, an untrusted broker certificate, and a principal missing one ACL
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -132,3 +135,20 @@ def test_no_read_on_group(secured, names, tmp_path):
     last = without_one_acl(secured, names, tmp_path, "nogroup", "Read", f"--group {group}")
     assert f"refused User:nogroup the consumer group {group}" in last, last
     assert f"grant it Read and Describe on group {group}" in last, last
+
+
+@pytest.mark.parametrize("command", [["dlq", "show"], ["state", "stats"]])
+def test_cli_tools_refused_in_one_line(secured, names, tmp_path, command):
+    env = _setup(secured, names, tmp_path, "worker")
+    env["AGENTS_STREAM_KAFKA_SASL_PASSWORD"] = "not-the-password"
+    began = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "agents_stream", *command, "-A", APP],
+        env={**os.environ, **env}, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    took = time.monotonic() - began
+    assert out.returncode != 0 and took < BOUND, (took, out.stderr)
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "refused authentication" in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+    _no_secret(secured, out.stdout + out.stderr)
