@@ -2,8 +2,11 @@
 
 Every system drains the same backlog (``--records`` JSON records, 1,000 keys, 4
 partitions, produced before it starts) from its own copy of the input topic into its own
-output topic, on one embedded broker, in one run. The rate is outputs / span of the output
-records' timestamps, so group joins and process start-up do not count; ``ratio`` is
+output topic, on one broker (``--broker embedded``, the default, or ``kafka``: Apache
+Kafka from ``make kafka``), in one run. The rate is outputs per second of the reader's
+arrival times from 10 % of the outputs to 90 % (not output timestamps: Quix Streams copies
+input timestamps to outputs, and exactly-once outputs arrive when their transaction
+commits, not when produced), so group joins, start-up and the tail do not count; ``ratio`` is
 against the raw confluent-kafka consume->produce loop of the same run, and for journaled
 agents_stream rows also against the raw journal-before-output loop (``vs journal``).
 For a single worker process the note says, from 10 % of the outputs to 90 %, the share its
@@ -46,6 +49,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from common import create_topic, parser, table
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -68,6 +72,10 @@ class Variant:
     processes: int = 1
     journaled: bool = False
     args: list[str] = field(default_factory=list)  # extra worker CLI arguments
+    kafka_only: bool = False  # needs isolating transactions (Apache Kafka)
+
+
+EXACTLY_ONCE = ["--processing-guarantee", "exactly-once"]
 
 
 VARIANTS = [
@@ -103,6 +111,21 @@ VARIANTS = [
         "agents",
         {"AS_BENCH_CALLS": "1", "AS_BENCH_KIND": "async_inline"},
         journaled=True,
+    ),
+    Variant(
+        "agents_stream, sync, 0 calls, exactly-once",
+        "agents",
+        {"AS_BENCH_CALLS": "0"},
+        args=EXACTLY_ONCE,
+        kafka_only=True,
+    ),
+    Variant(
+        "agents_stream, sync, 1 ctx.execute, exactly-once",
+        "agents",
+        {"AS_BENCH_CALLS": "1"},
+        journaled=True,
+        args=EXACTLY_ONCE,
+        kafka_only=True,
     ),
     Variant(
         "agents_stream, sync, 1 call, two processes",
@@ -346,6 +369,7 @@ def collect(
         }
     )
     stamps: list[int] = []
+    arrivals: list[tuple[float, int]] = []  # (arrival time, outputs so far) per batch
     deadline = time.monotonic() + timeout
     last_progress = time.monotonic()
     assigned = False
@@ -369,6 +393,7 @@ def collect(
             if got:
                 stamps += got
                 last_progress = time.monotonic()
+                arrivals.append((last_progress, len(stamps)))
                 # From 10 % of the outputs to 90 %: the drain's steady state, without
                 # the start (fetching, first batches) and the tail (the last acks).
                 if len(stamps) >= expected // 10 and (
@@ -403,8 +428,21 @@ def collect(
     window = Window(first, last, len(loops)) if first and last and last.at > first.at else None
     if len(stamps) < 2:
         return len(stamps), 0.0, error or "no output", window
-    span = (max(stamps) - min(stamps)) / 1000
-    return len(stamps), len(stamps) / max(span, 1e-3), error, window
+    return len(stamps), arrival_rate(arrivals, len(stamps)), error, window
+
+
+def arrival_rate(arrivals: list[tuple[float, int]], total: int) -> float:
+    """Outputs per second as the reader received them, from the batch that took the count
+    past 10 % of ``total`` to the one that took it past 90 %; over every batch when the
+    drain came in too few of them to tell."""
+    lo = next((i for i, (_, n) in enumerate(arrivals) if n >= total // 10), 0)
+    hi = next((i for i, (_, n) in enumerate(arrivals) if n >= total * 9 // 10), len(arrivals) - 1)
+    if hi <= lo:
+        lo, hi = 0, len(arrivals) - 1
+    (t0, n0), (t1, n1) = arrivals[lo], arrivals[hi]
+    if hi == lo or t1 <= t0:
+        return 0.0
+    return (n1 - n0) / (t1 - t0)
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -423,17 +461,31 @@ def main() -> int:
     p.add_argument("--records", type=int, default=0, help="backlog size (default 50k, quick 20k)")
     p.add_argument("--only", default="", help="comma-separated substrings of variant names")
     p.add_argument("--timeout", type=float, default=240, help="seconds per system")
+    p.add_argument(
+        "--broker",
+        choices=["embedded", "kafka"],
+        default=os.environ.get("AGENTS_STREAM_BENCH_BROKER", "embedded"),
+        help="embedded (Tansu, default) or kafka (Apache Kafka 4, from `make kafka`'s jars); "
+        "exactly-once rows run on kafka only ($AGENTS_STREAM_BENCH_BROKER)",
+    )
     args = p.parse_args()
     records = args.records or (20_000 if args.quick else 50_000)
     wanted = [w.strip().lower() for w in args.only.split(",") if w.strip()]
     variants = [
         v
         for v in VARIANTS
-        if not wanted or any(w in f"{v.name} {v.system}".lower() for w in wanted)
+        if (not wanted or any(w in f"{v.name} {v.system}".lower() for w in wanted))
+        and (args.broker == "kafka" or not v.kafka_only)
     ]
     rows: list[tuple[str, float, str]] = []
     windows: dict[str, Window] = {}
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp_dir:
+    if args.broker == "kafka":
+        from agents_stream.testing.kafka import KafkaBroker
+
+        brokers: Any = KafkaBroker()
+    else:
+        brokers = EmbeddedBroker()
+    with brokers as broker, tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp_dir:
         tmp = Path(tmp_dir)
         for i, variant in enumerate(variants):
             topic_in, topic_out = f"e2e-{i}-in", f"e2e-{i}-out"
@@ -499,13 +551,22 @@ def main() -> int:
                     f"   {window.cores:.2f}"
                 )
         out.append((name, rate, f"{vs_raw:.3f}", vs_journal, cpu, note))
-    print(f"{records:,} records, {KEYS:,} keys, {PARTITIONS} partitions; one embedded broker")
+    kind = "Apache Kafka" if args.broker == "kafka" else "embedded"
+    print(f"{records:,} records, {KEYS:,} keys, {PARTITIONS} partitions; one {kind} broker")
+    eos = [
+        (name, rates.get(name) or 0.0, rates.get(name.removesuffix(", exactly-once")) or 0.0)
+        for name in rates
+        if name.endswith(", exactly-once")
+    ]
     print(
         table(
             ["system", "events/s", "vs raw loop", "vs journal", "us/rec + broker  cores", "note"],
             out,
         )
     )
+    for name, rate, base in eos:
+        if base:
+            print(f"{name}: {rate / base:.2f}x at-least-once in this run")
     budgets = budget_rows(rates, windows, raw, journal)
     if budgets:
         print()

@@ -40,10 +40,8 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
-from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,7 +49,7 @@ from typing import Any
 from ..agent import Agent
 from ..app import App, normalize_broker
 from ..durable.context import ContextConfig
-from ..durable.journal import InputProgress, TimerEntry
+from ..durable.journal import TimerEntry
 from ..durable.ownership import Ownership
 from ..durable.payload import JSON, PayloadCodec
 from ..durable.pool import CodeBlockPool
@@ -59,6 +57,7 @@ from ..durable.sink import OutputSink
 from ..durable.store import ActionStateStore
 from ..errors import ConfigurationError
 from ..host.kit import DurableHost
+from ..host.progress import CompletedThrough
 from ..kafka.admin import TopicAdmin, TopicSpec, compacted
 from ..kafka.config import configure
 from ..kafka.producer import AckingProducer
@@ -325,12 +324,16 @@ class DurableAgent:
         )
         self.producer = self.kit.producer
         self.store = self.kit.store
+        self.progress = CompletedThrough(
+            self.kit.store, self._context.worker_id, rerun_completed=self.rerun_completed
+        )
         return FaustRecordHandler(
             self.kit.bindings[self.input].runner,
             dead_letters=self.kit.dlq,
             on_error=self.on_error,
             crash=self.faust_app.crash,
             owns=self._owned.__contains__,
+            progress=self.progress,
         )
 
     def _ensure_topics(self) -> None:
@@ -373,21 +376,9 @@ class DurableAgent:
 
     def _load_progress(self, partition: int) -> None:
         """After the cache rebuild: events below the partition's completed-through marker
-        are acked without running (the worker's rule, guarantee 8)."""
-        assert self.store is not None and self.handler is not None
-        marker = self.store.progress(self.input, partition)
-        through = self.handler.completed_through
-        if marker is None:
-            through.pop(partition, None)
-        elif self.rerun_completed:
-            log.warning(
-                "%s[%d]: rerun_completed: events below completed-through marker %d run "
-                "AGAIN and charge their side effects once more",
-                self.input, partition, marker.offset,
-            )  # fmt: skip
-            through.pop(partition, None)
-        else:
-            through[partition] = marker.offset
+        are acked without running (the worker's rule, guarantee 8: host/progress.py)."""
+        assert self.handler is not None
+        self.handler.progress.load(self.input, partition)
 
     def _assigned_by_faust(self, partition: int) -> bool:
         """Whether Faust's consumer holds the input partition (True without a consumer
@@ -452,21 +443,8 @@ class DurableAgent:
     def _mark_then_prune(self, partition: int, position: int, done: list[tuple[int, str]]) -> None:
         """Write the completed-through marker and prune only once it is acked: after the
         tombstones the marker is the only record that these events are done."""
-        assert self.store is not None
-        store = self.store
-        marker = InputProgress(
-            self.input, partition, position, int(time.time() * 1000), self._context.worker_id
-        )
-
-        def prune(fut: Future[None]) -> None:
-            if fut.exception() is not None:
-                log.warning(
-                    "completed-through marker not written (not pruning): %s", fut.exception()
-                )
-                return
-            store.prune_records(done, partition, self.input)
-
-        store.append([marker], partition).add_done_callback(prune)
+        assert self.handler is not None
+        self.handler.progress.write_then_prune(self.input, partition, position, done)
 
 
 def _committed_offsets(faust_app: faust.App) -> dict[tuple[str, int], int]:

@@ -38,6 +38,7 @@ from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.dlq import REPLAY_HEADER, original_identity
 from ..host.policy import OnError, judge, record_where
+from ..host.progress import CompletedThrough
 
 log = logging.getLogger("agents_stream.faust")
 
@@ -171,6 +172,7 @@ class FaustRecordHandler:
         on_error: OnError,
         crash: Callable[[BaseException], Awaitable[None]],
         owns: Callable[[int], bool],
+        progress: CompletedThrough | None = None,
     ) -> None:
         self.runner = runner
         self.dead_letters = dead_letters
@@ -181,9 +183,8 @@ class FaustRecordHandler:
         # (partition, offset) of acked records whose journal must outlive the commit:
         # dead letters (their replay meets it) and replays (they run under an older seq).
         self._keep: set[tuple[int, int]] = set()
-        # Completed-through marker per input partition, set by the host on assignment.
-        self.completed_through: dict[int, int] = {}
-        self._skip_logged: set[int] = set()
+        # Completed-through markers (host/progress.py), loaded by the host on assignment.
+        self.progress = progress or CompletedThrough(runner.store, "", rerun_completed=False)
         self.stats: dict[str, int] = {
             "records": 0,
             "calls_executed": 0,
@@ -203,8 +204,10 @@ class FaustRecordHandler:
         offset = int(event.message.offset)
         # The replay's own offset: a replayed dead letter sits above the marker even
         # though it runs under the older offset it was dead-lettered from.
-        if offset < self.completed_through.get(record.partition, -1):
-            self._skip_completed(record.partition, offset)
+        if self.progress.skips(self.runner.topic, record.partition, offset):
+            # Finished before (re-delivered after an offset reset): running it again
+            # would charge its side effects twice.
+            self.stats["skipped_completed"] = self.stats.get("skipped_completed", 0) + 1
             event.ack()
             return True
         try:
@@ -226,18 +229,6 @@ class FaustRecordHandler:
         except KeyError:
             return False
         return True
-
-    def _skip_completed(self, partition: int, offset: int) -> None:
-        """An event the group already finished (re-delivered after an offset reset):
-        running it again would charge its side effects twice."""
-        self.stats["skipped_completed"] = self.stats.get("skipped_completed", 0) + 1
-        if partition not in self._skip_logged:
-            self._skip_logged.add(partition)
-            marker = self.completed_through[partition]
-            log.warning(
-                "%s[%d]: skipping %d records below completed-through marker %d",
-                self.runner.topic, partition, marker - offset, marker,
-            )  # fmt: skip
 
     def _count(self, outcome: RecordOutcome) -> None:
         self.stats["records"] += 1

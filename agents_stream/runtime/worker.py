@@ -45,6 +45,7 @@ from ..durable.ownership import Ownership
 from ..durable.pool import CodeBlockPool
 from ..errors import ConfigurationError, KafkaIOError
 from ..host.kit import DurableHost
+from ..host.progress import CompletedThrough
 from ..kafka.admin import (
     AUTHORIZATION_ERRORS,
     StartupCancelled,
@@ -59,6 +60,7 @@ from ..kafka.transactions import TransactionalProducer
 from ..state.kafka import KafkaActionStateStore
 from .agent_host import AgentHost
 from .async_io import AsyncIOHost
+from .commit import AtLeastOnceCommit, GroupCommit, TransactionalCommit
 from .controller import Batched, ExecutionController
 from .logs import record_fields
 from .offsets import OffsetTracker
@@ -131,10 +133,9 @@ class Worker(CommitProtocol, Rebalancing):
         self._state_refs: dict[int, int] = defaultdict(int)
         # Finished, not yet committed records per partition: a heap by offset.
         self._finished: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
-        # Completed-through marker offset per agent input partition (see the module doc).
-        self._completed_through: dict[tuple[str, int], int] = {}
-        self._skip_logged: set[tuple[str, int]] = set()
-        self._marker_floor: dict[tuple[str, int], int] = {}  # markers never move back
+        # Completed-through markers (host/progress.py) and the group commit (commit.py),
+        # built in _setup once the store and the consumer exist.
+        self.progress: CompletedThrough | None = None
         self._paused = False
         # Offset gaps being checked (see _rewind): partition -> [expected offset, offset
         # seen past it, armed]; and the rebalance generation in which a partition's gap
@@ -296,6 +297,15 @@ class Worker(CommitProtocol, Rebalancing):
         conf["enable.partition.eof"] = True  # arms held timers of caught-up partitions
         conf.setdefault("on_commit", self._commit_done)
         self.consumer = Consumer(conf)
+        if self.store is not None:
+            self.progress = CompletedThrough(
+                self.store, self.worker_id, rerun_completed=app.rerun_completed
+            )
+        self.committer: GroupCommit = (
+            AtLeastOnceCommit(self.consumer, self.progress, self.shutdown_timeout)
+            if self.transactions is None
+            else TransactionalCommit(self.consumer, self.transactions, self.store, self.ownership)
+        )
         self.consumer.subscribe(
             inputs, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -502,9 +512,12 @@ class Worker(CommitProtocol, Rebalancing):
         arm_at = self._arm_at.get((topic, partition))
         if arm_at is not None and offset + 1 >= arm_at:
             self._arm((topic, partition))
-        if offset < self._completed_through.get((topic, partition), -1):
+        progress = self.progress
+        if progress is not None and progress.skips(topic, partition, offset):
+            # Finished before (re-consumed after an offset reset or a lost commit):
+            # running it again would charge its side effects twice.
             tracker.finish(offset)
-            self._skip_completed(topic, partition, offset)
+            self.stats["records_skipped_completed"] += 1
             return
 
         def done(ok: bool) -> None:
@@ -612,18 +625,6 @@ class Worker(CommitProtocol, Rebalancing):
         else:  # nothing there: counted as a gap by the caller, not checked again
             self._gaps_real[tp] = self._rebalances
         return True
-
-    def _skip_completed(self, topic: str, partition: int, offset: int) -> None:
-        """A record the group already finished (re-consumed after an offset reset or a
-        lost commit): running it again would charge its side effects twice."""
-        self.stats["records_skipped_completed"] += 1
-        if (topic, partition) not in self._skip_logged:
-            self._skip_logged.add((topic, partition))
-            marker = self._completed_through[(topic, partition)]
-            log.warning(
-                "%s[%d]: skipping %d records below completed-through marker %d",
-                topic, partition, marker - offset, marker,
-            )  # fmt: skip
 
     def _watermark_done(self, topic: str, watermark: int) -> None:
         """Every record before this watermark has finished: event time has advanced, and

@@ -15,9 +15,11 @@ Commit protocol (every ``commit_interval`` and on revoke/shutdown):
      done, even if the group's offsets are reset later.
 
 On assign, the partition's marker is read after the cache rebuild; records below it
-are skipped (not run, not output) and committed past, unless ``App(rerun_completed=True)``.
+are skipped (not run, not output) and committed past, unless ``App(rerun_completed=True)``
+(markers, written once for every host: ``host/progress.py``).
 
-Exactly-once (``App(processing_guarantee="exactly_once")``, :meth:`_transaction`): steps
+Steps 2 and 3 are the group commit (``runtime/commit.py``), one function with two
+implementations. Exactly-once (``App(processing_guarantee="exactly_once")``): steps
 2 and 3 are one Kafka transaction. The finished records' outputs, ActionDones and
 snapshots are in it already (sent by the transactional producer as they finished); the
 markers are added, then the offsets (``send_offsets_to_transaction`` with the consumer's
@@ -37,25 +39,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import defaultdict
 from heapq import heappop
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from ..durable.acks import acked
-from ..durable.journal import InputProgress
 from ..errors import KafkaIOError
-from ..kafka.transactions import TransactionalProducer, TransactionFailed
+from ..kafka.transactions import TransactionFailed
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer
-
     from ..app import App
     from ..durable.ownership import Ownership
+    from ..host.progress import CompletedThrough
     from ..state.kafka import KafkaActionStateStore
     from .agent_host import AgentHost
+    from .commit import GroupCommit
     from .offsets import OffsetTracker
 
 log = logging.getLogger("agents_stream.worker")
@@ -67,18 +66,15 @@ class CommitProtocol:
     app: App
     worker_id: str
     shutdown_timeout: float
-    consumer: Consumer
     store: KafkaActionStateStore | None
     offsets: OffsetTracker
+    committer: GroupCommit
+    progress: CompletedThrough | None
     _agents: dict[str, AgentHost]
     _owned: set[tuple[str, int]]
     _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
-    _marker_floor: dict[tuple[str, int], int]
-    _completed_through: dict[tuple[str, int], int]
     _loop: asyncio.AbstractEventLoop | None
     ownership: Ownership
-
-    transactions: TransactionalProducer | None
     stats: defaultdict[str, int]
 
     if TYPE_CHECKING:  # provided by the other units of the worker
@@ -116,71 +112,30 @@ class CommitProtocol:
         self, only: set[tuple[str, int]] | None, *, asynchronous: bool = False
     ) -> None:
         """Steps 1-4 of the commit protocol; runs on the loop, commits on the kafka thread."""
-        if self.transactions is not None:
-            await self._commit_transaction(only)
-            return
-        offsets = self._committable(only)
-        if not offsets:
-            return
-        await self._on_kafka(self._commit_offsets, offsets, asynchronous)
-        marked = await self._mark_progress(offsets)
-        done = self._committed(offsets)
-        if marked:  # unmarked: the records stay journaled, which is safe
-            await self._on_kafka(self._prune, done)
-
-    async def _commit_transaction(self, only: set[tuple[str, int]] | None) -> None:
-        """Exactly-once: steps 1-4, steps 2 and 3 in the open transaction."""
-        assert self.transactions is not None
         if self.ownership.suspended is not None:
-            return  # the transaction is being aborted (worker_rebalance._after_freeze)
+            return  # every hold is in doubt (and a transaction being aborted)
         offsets = self._committable(only)
-        if not offsets and not self.transactions.sent:
+        if not offsets and not self.committer.pending:
             return
         try:
-            await self._on_kafka(self._transaction, offsets)
+            marked = await self._on_kafka(self._group_commit, offsets, asynchronous)
         except TransactionFailed as exc:
             self._transaction_failed(exc)
             return
         done = self._committed(offsets)
-        await self._on_kafka(self._prune, done)
+        if marked:  # unmarked: the records stay journaled, which is safe
+            await self._on_kafka(self._prune, done)
 
-    def _transaction(self, offsets: dict[tuple[str, int], int]) -> None:
-        """Kafka thread: commit the open transaction with the completed-through markers
-        and consumer offsets of ``offsets`` (raises TransactionFailed, aborted)."""
-        transactions = self.transactions
-        assert transactions is not None
-        markers = self._progress_markers(offsets)
-        for marker in markers:  # into the open transaction; its commit waits for them
-            self.store.append([marker], marker.partition)  # type: ignore[union-attr]
-        ownership = self.ownership
-
-        def still_held() -> None:
-            # The last look before the commit: a partition lost meanwhile must not have
-            # its offsets (or anything of it) committed by this member.
-            if ownership.suspended is not None:
-                raise TransactionFailed(f"not committing: {ownership.suspended}")
-            for tp in offsets:
-                if not ownership.lease(*tp):
-                    raise TransactionFailed(f"not committing: {tp[0]}[{tp[1]}] is not held")
-
-        store = self.store
-
-        def committed(queued: set[tuple[str, int | None]]) -> None:
-            if store is not None:
-                store.committed({p for t, p in queued if t == store.topic and p is not None})
-
-        transactions.commit(
-            [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-            self.consumer.consumer_group_metadata(),
-            before=still_held,
-            after=committed,
-        )
-        if not self.app.rerun_completed:  # as _mark_progress: markers now committed
-            through = self._completed_through
-            for marker in markers:
-                tp = (marker.topic, marker.partition)
-                if tp in self._owned:
-                    through[tp] = max(through.get(tp, 0), marker.offset)
+    def _group_commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> bool:
+        """Kafka thread: steps 2 and 3 (``runtime/commit.py``); whether the markers are
+        durable. Also the revoke's commit (synchronous, inside the callback)."""
+        progress = self.progress
+        agents = {tp: o for tp, o in offsets.items() if tp[0] in self._agents}
+        markers = progress.markers(agents) if progress is not None and agents else []
+        marked = self.committer.commit(offsets, markers, asynchronous=asynchronous)
+        if marked and progress is not None:
+            progress.written(markers, self._owned)
+        return marked
 
     def _transaction_failed(self, exc: TransactionFailed) -> None:
         """Loop thread: a transaction aborted (a fenced producer was replaced by a new
@@ -204,19 +159,6 @@ class CommitProtocol:
             for tp, o in self.offsets.committable().items()
             if (only is None or tp in only) and tp in self._owned and lease(*tp)
         }
-
-    def _commit_offsets(
-        self, offsets: dict[tuple[str, int], int], asynchronous: bool = False
-    ) -> None:
-        """Kafka thread: commit the snapshot (an asynchronous commit's failure is logged
-        by :meth:`_commit_done` and retried by the next commit)."""
-        try:
-            self.consumer.commit(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                asynchronous=asynchronous,
-            )
-        except Exception as exc:
-            raise KafkaIOError(f"offset commit failed: {exc}") from exc
 
     def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Kafka thread (served by the consumer's poll): a failed commit is logged and
@@ -266,56 +208,3 @@ class CommitProtocol:
             if topic not in self._agents:
                 continue
             self.store.prune_records(records, partition, topic)
-
-    async def _mark_progress(self, offsets: dict[tuple[str, int], int]) -> bool:
-        """Step 3: completed-through markers of the committed agent partitions; True when
-        acked (pruning may go on), False when it must wait for the next commit."""
-        markers = self._progress_markers(offsets)
-        if not markers:
-            return True
-        try:
-            for marker in markers:
-                await acked(self.store.append([marker], marker.partition))  # type: ignore[union-attr]
-        except Exception as exc:
-            log.warning("completed-through marker not written (not pruning yet): %s", exc)
-            return False
-        # Records below a marker this worker wrote are done, as below one it found on
-        # assignment: if the client hands them over again, they are skipped, not run
-        # again with their journal pruned (acknowledged calls executed twice). Seen on
-        # Apache Kafka: after an asynchronous commit failed (ILLEGAL_GENERATION around a
-        # rebalance) the kept partitions were consumed again from the last committed
-        # offset (tests/fault/test_zombie.py, test_failover.py, test_crash_window.py).
-        if not self.app.rerun_completed:
-            through = self._completed_through
-            for marker in markers:
-                tp = (marker.topic, marker.partition)
-                if tp in self._owned:
-                    through[tp] = max(through.get(tp, 0), marker.offset)
-        return True
-
-    def _progress_markers(self, offsets: dict[tuple[str, int], int]) -> list[InputProgress]:
-        if self.store is None:
-            return []
-        now = int(time.time() * 1000)
-        out = []
-        for (topic, partition), position in offsets.items():
-            if topic not in self._agents:
-                continue
-            # Never move a marker back (offsets reset below it re-commit lower positions).
-            position = max(position, self._marker_floor.get((topic, partition), 0))
-            self._marker_floor[(topic, partition)] = position
-            out.append(InputProgress(topic, partition, position, now, self.worker_id))
-        return out
-
-    def _mark_progress_blocking(self, offsets: dict[tuple[str, int], int]) -> bool:
-        """Kafka thread (revoke): :meth:`_mark_progress` waiting on the acks directly."""
-        markers = self._progress_markers(offsets)
-        try:
-            for marker in markers:
-                self.store.append([marker], marker.partition).result(  # type: ignore[union-attr]
-                    timeout=self.shutdown_timeout
-                )
-        except Exception as exc:
-            log.warning("completed-through marker not written on revoke: %s", exc)
-            return False
-        return True

@@ -48,9 +48,11 @@ from .timers import input_end
 if TYPE_CHECKING:
     from ..app import App
     from ..durable.journal import TimerEntry
+    from ..host.progress import CompletedThrough
     from ..state.kafka import KafkaActionStateStore
     from .agent_host import AgentHost
     from .async_io import AsyncIOHost
+    from .commit import GroupCommit
     from .controller import ExecutionController
     from .offsets import OffsetTracker
     from .timers import TimerService
@@ -80,9 +82,8 @@ class Rebalancing:
     _reset_earliest: bool
     _state_refs: defaultdict[int, int]
     _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
-    _completed_through: dict[tuple[str, int], int]
-    _skip_logged: set[tuple[str, int]]
-    _marker_floor: dict[tuple[str, int], int]
+    progress: CompletedThrough | None
+    committer: GroupCommit
     _arm_at: dict[tuple[str, int], int]
     _paused: bool
     _loop: asyncio.AbstractEventLoop | None
@@ -100,11 +101,7 @@ class Rebalancing:
             self, topic: str, partition: int, timers: list[TimerEntry], arm_at: int | None
         ) -> None: ...
 
-        def _commit_offsets(
-            self, offsets: dict[tuple[str, int], int], asynchronous: bool = False
-        ) -> None: ...
-
-        def _mark_progress_blocking(self, offsets: dict[tuple[str, int], int]) -> bool: ...
+        def _group_commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> bool: ...
 
         def _committed(
             self, offsets: dict[tuple[str, int], int]
@@ -113,8 +110,6 @@ class Rebalancing:
         def _prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None: ...
 
         def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]: ...
-
-        def _transaction(self, offsets: dict[tuple[str, int], int]) -> None: ...
 
         def _suspected(self) -> None: ...
 
@@ -176,22 +171,9 @@ class Rebalancing:
 
     def _load_progress(self, topic: str, partition: int) -> None:
         """Kafka thread, after the cache rebuild: the partition's completed-through marker
-        (records below it are skipped, see the module doc)."""
-        assert self.store is not None
-        self._skip_logged.discard((topic, partition))
-        marker = self.store.progress(topic, partition)
-        self._marker_floor[(topic, partition)] = marker.offset if marker is not None else 0
-        if marker is None:
-            self._completed_through.pop((topic, partition), None)
-        elif self.app.rerun_completed:
-            log.warning(
-                "%s[%d]: rerun_completed: records below completed-through marker %d run "
-                "AGAIN and charge their side effects once more",
-                topic, partition, marker.offset,
-            )  # fmt: skip
-            self._completed_through.pop((topic, partition), None)
-        else:
-            self._completed_through[(topic, partition)] = marker.offset
+        (records below it are skipped, see ``host/progress.py``)."""
+        assert self.progress is not None
+        self.progress.load(topic, partition)
 
     def _on_revoke(
         self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool = False
@@ -214,21 +196,16 @@ class Rebalancing:
         ).result()
         committed: dict[tuple[str, int], int] = {}
         marked = True
-        if self.transactions is not None and not lost:
-            # Exactly-once: the open transaction holds finished records of every
-            # partition; it commits now with the revoked partitions' offsets.
+        if not lost and (offsets or self.committer.pending):
+            # Synchronous; with exactly-once the open transaction, holding finished
+            # records of every partition, commits now with the revoked ones' offsets.
             try:
-                self._transaction(offsets)
+                marked = self._group_commit(offsets, False)
                 committed = offsets
             except TransactionFailed as exc:
                 self._lose_everything(str(exc))
-        elif offsets and not lost:
-            try:
-                self._commit_offsets(offsets)
-                committed = offsets
             except KafkaIOError as exc:
                 log.warning("commit on revoke failed: %s", exc)
-            marked = not committed or self._mark_progress_blocking(committed)
         done = asyncio.run_coroutine_threadsafe(
             self._forget(revoked, committed), self._loop
         ).result()

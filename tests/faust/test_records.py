@@ -258,7 +258,7 @@ def test_events_below_the_completed_through_marker_are_acked_without_running():
     """Guarantee 8: re-delivered after a group offset reset, a pruned (journal-less) event
     below the partition's marker is acked, never run or output again."""
     host = Host()
-    host.handler.completed_through[0] = 10  # what the Faust host loads on assignment
+    host.handler.progress.through[(host.handler.runner.topic, 0)] = 10  # loaded on assignment
     below = FakeEvent({"n": 4}, offset=9)
     assert run(host.handler.handle(below)) is True
     assert below.acked and EFFECTS == [] and host.sink.sent == []
@@ -297,7 +297,7 @@ def test_replayed_dead_letter_runs_under_its_original_offset():
 
 def test_replay_above_the_completed_through_marker_is_not_skipped():
     host = Host()
-    host.handler.completed_through[0] = 15  # the original offset 9 is below it
+    host.handler.progress.through[(host.handler.runner.topic, 0)] = 15  # 9 is below it
     assert run(host.handler.handle(replay_of(9, offset=20))) is True
     assert host.handler.stats["records"] == 1 and len(EFFECTS) == 1
 

@@ -20,6 +20,8 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from agents_stream import Agent, App, InputEvent, RunnerContext, action
 from agents_stream.durable.store import completed_future
+from agents_stream.host.progress import CompletedThrough
+from agents_stream.runtime.commit import AtLeastOnceCommit
 from agents_stream.runtime.offsets import OffsetTracker
 from agents_stream.runtime.worker import Worker
 
@@ -127,6 +129,8 @@ def make_worker(tmp_path, consumer: FakeConsumer, offsets_fail: BaseException | 
     worker._agents = {"in": object()}  # type: ignore[dict-item]
     worker._owned.add(TP)
     worker.ownership.acquire(*TP)
+    worker.progress = CompletedThrough(worker.store, "w", rerun_completed=False)  # type: ignore[arg-type]
+    worker.committer = AtLeastOnceCommit(consumer, worker.progress, 1.0)  # type: ignore[arg-type]
     return worker
 
 
@@ -244,11 +248,12 @@ def test_records_below_its_own_marker_are_skipped_if_handed_over_again(tmp_path)
         worker._kafka.shutdown(wait=True)
 
     asyncio.run(main())
-    assert worker.store.pruned and worker._completed_through == {TP: 3}
+    assert worker.store.pruned and worker.progress.through == {TP: 3}
     rerun = App("unit-commits-rerun", rerun_completed=True)
     rerun.agent(Echo, input="in")
     worker.app = rerun  # rerun_completed: records below markers run again, as asked
-    worker._completed_through.clear()
+    worker.progress = CompletedThrough(worker.store, "w", rerun_completed=True)  # type: ignore[arg-type]
+    worker.committer = AtLeastOnceCommit(consumer, worker.progress, 1.0)  # type: ignore[arg-type]
 
     async def again():
         await bind(worker)
@@ -258,7 +263,7 @@ def test_records_below_its_own_marker_are_skipped_if_handed_over_again(tmp_path)
         worker._kafka.shutdown(wait=True)
 
     asyncio.run(again())
-    assert worker._completed_through == {}
+    assert worker.progress.through == {}
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,8 @@ import asyncio
 
 from confluent_kafka import TopicPartition
 
+from agents_stream.host.progress import CompletedThrough
+from agents_stream.runtime.commit import AtLeastOnceCommit
 from agents_stream.runtime.controller import ExecutionController
 from agents_stream.state.recovery import RebuildCancelled
 from tests.unit.runtime.test_worker_commits import (
@@ -39,6 +41,8 @@ class Store(FakeStore):
 def rebalance_worker(tmp_path, store: Store):
     worker = make_worker(tmp_path, FakeConsumer())
     worker.store = store  # type: ignore[assignment]
+    worker.progress = CompletedThrough(store, "w", rerun_completed=False)  # type: ignore[arg-type]
+    worker.committer = AtLeastOnceCommit(worker.consumer, worker.progress, 1.0)
     worker._agents = {"in": FakeAgentHost()}  # type: ignore[dict-item]
     worker._watermarks = {}
     worker._async_ios = {}
