@@ -47,7 +47,9 @@ def exits(proc: WorkerProcess, bound: float = BOUND) -> tuple[int, float, str]:
         proc.kill()
         pytest.fail(f"worker still running after {bound}s:\n{proc.log()[-3000:]}")
     lines = [ln for ln in proc.log().splitlines() if ln.strip()]
-    return code, time.monotonic() - began, lines[-1] if lines else ""
+    took = time.monotonic() - began
+    print(f"\n{proc.log_file.stem}: exit {code} after {took:.1f}s")  # figures for the docs
+    return code, took, lines[-1] if lines else ""
 
 
 def _setup(secured: Secured, names, tmp_path, user: str, drop=None) -> dict[str, str]:
