@@ -12,7 +12,8 @@ not the code-block threads (the user's functions) nor librdkafka's own. Quix Str
 runs everything on its main thread, all of it counted.
 
 Budgets of issue 41: no journaled call <= 120 calls per record (Quix with state: ~138),
-each journaled call <= 100 more.
+each journaled call <= 100 more. ``--breakdown K`` prints, per system, the K functions
+with the most calls per record (differenced the same way): where the calls go.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def _stop_when_read(bootstrap: str, topic: str, records: int, stop: Any) -> None
     threading.Thread(target=wait, daemon=True).start()
 
 
-def drain_agents_stream(bootstrap: str, records: int, calls: str, kind: str) -> int:
+def drain_agents_stream(
+    bootstrap: str, records: int, calls: str, kind: str
+) -> list[cProfile.Profile]:
     tag = uuid.uuid4().hex[:8]
     topic_in, topic_out = f"calls-in-{tag}", f"calls-out-{tag}"
     os.environ.update(AS_BENCH_CALLS=calls, AS_BENCH_KIND=kind, AS_BENCH_INPUT=topic_in,
@@ -99,10 +102,10 @@ def drain_agents_stream(bootstrap: str, records: int, calls: str, kind: str) -> 
         worker.run()
         loop_profile.disable()
     # The executor is shut down by then: the Kafka thread's profile stops with it.
-    return sum(pstats.Stats(p).total_calls for p in (loop_profile, kafka_profile))  # type: ignore[attr-defined]
+    return [loop_profile, kafka_profile]
 
 
-def drain_quix(bootstrap: str, records: int, stateful: bool) -> int:
+def drain_quix(bootstrap: str, records: int, stateful: bool) -> list[cProfile.Profile]:
     import bench_e2e
     from quixstreams import Application
     from quixstreams.models import TopicConfig
@@ -140,7 +143,7 @@ def drain_quix(bootstrap: str, records: int, stateful: bool) -> int:
         profile.enable()
         app.run()
         profile.disable()
-    return pstats.Stats(profile).total_calls  # type: ignore[attr-defined,no-any-return]
+    return [profile]
 
 
 def child(system: str, records: int) -> None:
@@ -151,13 +154,21 @@ def child(system: str, records: int) -> None:
     kind, calls, mode = SYSTEMS[system]
     with EmbeddedBroker() as broker:
         if kind == "as":
-            total = drain_agents_stream(broker.bootstrap, records, calls, mode)
+            profiles = drain_agents_stream(broker.bootstrap, records, calls, mode)
         else:
-            total = drain_quix(broker.bootstrap, records, stateful=calls == "1")
-    print(json.dumps({"calls": total}), flush=True)
+            profiles = drain_quix(broker.bootstrap, records, stateful=calls == "1")
+    functions: dict[str, int] = {}
+    for profile in profiles:
+        stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+        for (path, line, name), (_, ncalls, *_rest) in stats.items():
+            where = (
+                f"{os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}:{line}({name})"
+            )
+            functions[where] = functions.get(where, 0) + ncalls
+    print(json.dumps({"calls": sum(functions.values()), "functions": functions}), flush=True)
 
 
-def count(system: str, records: int) -> int:
+def count(system: str, records: int) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, __file__, "--child", system, "--records", str(records)],
         capture_output=True, text=True, timeout=900, check=False,
@@ -165,7 +176,7 @@ def count(system: str, records: int) -> int:
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"{system}: drain failed: {out.stderr[-2000:]}")
-    return int(json.loads(lines[-1])["calls"])
+    return dict(json.loads(lines[-1]))
 
 
 def main() -> int:
@@ -173,6 +184,10 @@ def main() -> int:
     p.add_argument("--records", type=int, default=None, help="N (default 10000, quick 4000)")
     p.add_argument("--only", default="", help="systems whose name contains this text")
     p.add_argument("--child", default=None, help=argparse_hidden())
+    p.add_argument(
+        "--breakdown", type=int, default=0, metavar="K",
+        help="also print each system's K functions with the most calls per record",
+    )  # fmt: skip
     args = p.parse_args()
     records = args.records or (4000 if args.quick else 10000)
     if args.child:
@@ -180,16 +195,23 @@ def main() -> int:
         return 0
     rows: list[list[object]] = []
     per: dict[str, float] = {}
+    breakdowns: list[tuple[str, list[list[object]]]] = []
     for system in SYSTEMS:
         if args.only and args.only not in system:
             continue
         try:
-            small, large = count(system, records), count(system, 2 * records)
+            small_run, large_run = count(system, records), count(system, 2 * records)
         except RuntimeError as exc:
             rows.append([system, "-", "-", "-", str(exc).splitlines()[0][:60]])
             continue
+        small, large = small_run["calls"], large_run["calls"]
         per[system] = (large - small) / records
         rows.append([system, small, large, f"{per[system]:.0f}", ""])
+        if args.breakdown:
+            before, after = small_run["functions"], large_run["functions"]
+            diff = {f: (n - before.get(f, 0)) / records for f, n in after.items()}
+            top = sorted(diff.items(), key=lambda item: -item[1])[: args.breakdown]
+            breakdowns.append((system, [[f"{n:.2f}", f] for f, n in top]))
     print(f"Python calls per record: (calls over {2 * records:,} - calls over {records:,}) / "
           f"{records:,}; loop + Kafka threads for agents_stream, the main thread for Quix")  # fmt: skip
     print(table(["system", f"calls, {records:,}", f"calls, {2 * records:,}", "per record",
@@ -202,6 +224,9 @@ def main() -> int:
               + (f" (Quix with state: {quix:.0f})" if quix is not None else ""))  # fmt: skip
     if base is not None and one is not None:
         print(f"budget, each journaled call <= 100 more: {one - base:.0f}")
+    for system, top in breakdowns:
+        print(f"\n{system}: calls per record by function (top {len(top)})")
+        print(table(["per record", "function"], top))
     return 0
 
 
