@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from ..durable.ackfuture import AckFuture
@@ -72,7 +73,7 @@ class KafkaOutputSink(Sink):
             self.ownership.check_partition(partition, "output")
         # The output keeps the input key; its partition follows from the key.
         record = self._record(key, values, stored, done, indexes)
-        return _blamed(self._send(record), [record])
+        return self._resend_refused(_blamed(self._send(record), [record]), [record])
 
     @property
     def finds_outputs(self) -> bool:  # type: ignore[override]
@@ -99,7 +100,46 @@ class KafkaOutputSink(Sink):
             # Refused before anything was produced (one output over message.max.bytes):
             # each record's outputs on their own, right away, in the same order.
             return self._one_by_one(records)
-        return _blamed(sent, records)
+        return self._resend_refused(_blamed(sent, records), records)
+
+    def _resend_refused(self, blamed: Future[None], records: list[_Record]) -> Future[None]:
+        """``blamed``, with the outputs the broker refused sent again, record by record,
+        each once the previous one is settled.
+
+        Why: a topic's ``max.message.bytes`` bounds a record *batch*, and the producer
+        batches whatever goes to a partition at once: the broker refuses every output
+        that shared a batch with one too large, from this send or another. Sent again
+        one record at a time, only the record whose output is too large fails again
+        (and is dead-lettered), not its neighbours. The price, only in this case: a
+        neighbour's outputs may follow those of its key's next record, sent meanwhile
+        (see docs/architecture.md, step 4)."""
+        out: Future[None] = AckFuture()
+
+        def settle(fut: Future[None]) -> None:
+            exc = fut.exception()
+            if exc is None:
+                out.set_result(None)
+                return
+            if not isinstance(exc, PartialSendError) or not all(
+                isinstance(e, RecordRefusedError) for e in exc.failed.values()
+            ):
+                out.set_exception(exc)
+                return
+            retries = []
+            for position in sorted(exc.failed):
+                raw_key, payloads, headers = records[position]
+                landed = set(exc.landed.get(position, ()))
+                left = [i for i in range(len(payloads)) if i not in landed]
+                again: _Record = (
+                    raw_key,
+                    [payloads[i] for i in left],
+                    [headers[i] for i in left] if headers else None,
+                )
+                retries.append((position, landed, left, again))
+            _Retries(self, out, retries).next()
+
+        blamed.add_done_callback(settle)
+        return out
 
     def landed(self, done: ActionDone, indexes: Sequence[int]) -> list[int]:
         """Those of ``indexes`` whose output of ``done`` is in the topic already
@@ -150,6 +190,48 @@ class KafkaOutputSink(Sink):
             raw = plain_json(data)
             out.append(encode(value) if raw is None else raw)
         return out
+
+
+class _Retries:
+    """The serial retries of :meth:`KafkaOutputSink._resend_refused`: each record's
+    outputs sent once the previous record's are settled; ``out`` settles with the last,
+    failing with the records refused again (their outputs in the log, by their original
+    indexes) or succeeding."""
+
+    def __init__(
+        self,
+        sink: KafkaOutputSink,
+        out: Future[None],
+        retries: list[tuple[int, set[int], list[int], _Record]],
+    ) -> None:
+        self.sink, self.out, self.retries = sink, out, retries
+        self.failed: dict[int, Exception] = {}
+        self.landed: dict[int, tuple[int, ...]] = {}
+
+    def next(self) -> None:
+        if not self.retries:
+            if self.failed:
+                self.out.set_exception(PartialSendError(self.failed, self.landed))
+            else:
+                self.out.set_result(None)
+            return
+        position, before, sent, record = self.retries.pop(0)
+        try:
+            fut = _blamed(self.sink._send(record), [record])
+        except RecordRefusedError as err:
+            fut = AckFuture()
+            fut.set_exception(err)
+        fut.add_done_callback(partial(self._settled, position, before, sent))
+
+    def _settled(self, position: int, before: set[int], sent: list[int], fut: Future[None]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            self.failed[position] = exc.failed[0] if isinstance(exc, PartialSendError) else exc
+            now = exc.landed.get(0, ()) if isinstance(exc, PartialSendError) else ()
+            reached = sorted(before | {sent[i] for i in now})
+            if reached:
+                self.landed[position] = tuple(reached)
+        self.next()
 
 
 def _blamed(sent: Future[None], records: list[_Record]) -> Future[None]:

@@ -69,22 +69,7 @@ BROKER_APP = "tests.apps.oversize_broker_app:app"
 
 
 @pytest.mark.kafka_only
-@pytest.mark.parametrize(
-    "limited",
-    [
-        pytest.param(
-            "output",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known bug: the broker refuses the whole record batch that holds the "
-                "big output, and every record whose outputs shared it is dead-lettered, not "
-                "only the big one (host/sink.py sends a group's outputs in one send_all; its "
-                "one-by-one path is for refusals before anything is sent)",
-            ),
-        ),
-        "action-state",
-    ],
-)
+@pytest.mark.parametrize("limited", ["output", "action-state"])
 def test_the_broker_refuses_a_record_over_the_topics_max_message_bytes(
     limited, broker, topic_factory, worker_factory
 ):
