@@ -18,7 +18,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -56,7 +56,6 @@ class Secured:
     kafka: KafkaBroker
     passwords: dict[str, str]
     base: Path
-    granted: dict[str, list[AclBinding]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -131,10 +130,11 @@ def bindings(command: str) -> list[AclBinding]:
     ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    """One secured Apache Kafka for the security tests (skips without java/mvn unless
-    AGENTS_STREAM_TEST_REQUIRE_KAFKA; never against AGENTS_STREAM_TEST_BROKER)."""
+    """One secured Apache Kafka for the security tests, stopped when they are done (so
+    `make test` runs it beside its session broker only meanwhile). Skips without java/mvn
+    unless AGENTS_STREAM_TEST_REQUIRE_KAFKA; never against AGENTS_STREAM_TEST_BROKER."""
     if os.environ.get("AGENTS_STREAM_TEST_BROKER"):
         pytest.skip("the security tests start their own secured Kafka")
     missing = kafka_missing()
