@@ -201,6 +201,22 @@ class WorkerCollector(Collector):
         )
         waited.add_metric([], pool.waited)
         yield waited
+        transactions = getattr(w, "transactions", None)
+        if transactions is not None:  # exactly-once (docs/operations.md)
+            ended = CounterMetricFamily(
+                f"{PREFIX}_transactions",
+                "transactions ended, by outcome (aborted: partitions taken again)",
+                labels=["outcome"],
+            )
+            ended.add_metric(["committed"], transactions.commits)
+            ended.add_metric(["aborted"], transactions.aborts)
+            yield ended
+            renewed = CounterMetricFamily(
+                f"{PREFIX}_transactional_producers_replaced",
+                "transactional producers replaced after being fenced",
+            )
+            renewed.add_metric([], transactions.renewals)
+            yield renewed
 
     def _agents(self, w: Worker) -> Iterable[Metric]:
         rin = CounterMetricFamily(

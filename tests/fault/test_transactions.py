@@ -14,11 +14,13 @@ shows aborted records.
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from agents_stream.testing import free_port
 from agents_stream.testing.topics import create_topics, produce, read_topic
 from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
 
@@ -83,7 +85,10 @@ def test_kill_at_each_step_of_the_commit(
     visible = len(read_topic(broker.bootstrap, env["AS_OUTPUT"], timeout=20))
     written = read_uncommitted(broker.bootstrap, env["AS_OUTPUT"])
 
-    second = worker_factory("tests.apps.crashy:app", env, extra_args=mode)
+    port = free_port()
+    second = worker_factory(
+        "tests.apps.crashy:app", env, extra_args=[*mode, "--metrics-port", str(port)]
+    )
     deadline = time.monotonic() + 180
     outputs = []
     while time.monotonic() < deadline:
@@ -93,7 +98,15 @@ def test_kill_at_each_step_of_the_commit(
         time.sleep(0.5)
     time.sleep(2.0)  # a late duplicate would show up here
     outputs = read_topic(broker.bootstrap, env["AS_OUTPUT"])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        metrics = page.read().decode()
     second.terminate()
+    committed = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('agents_stream_transactions_total{outcome="committed"}')
+    ]
+    assert committed and float(committed[0].split()[-1]) > 0, metrics[-2000:]
 
     per_input = Counter(r.json()["n"] for r in outputs)
     lost = INPUTS - len(per_input)
