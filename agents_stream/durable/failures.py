@@ -72,6 +72,7 @@ def rebuild_exception(info: ExceptionInfo) -> BaseException:
         ctor = (info.message,) if info.args is None else decode_value(info.args)
         if not isinstance(ctor, tuple):
             raise ValueError(f"exception args decode to {type(ctor).__name__}, not a tuple")
+        exc: Exception | None
         try:
             exc = cls(*ctor)
             # Constructor args that are not exc.args (a class formatting its own message)

@@ -116,7 +116,7 @@ def identity_fields(parts: list[str]) -> dict[str, str]:
     ``topic`` is ``""`` for the legacy layout."""
     if len(parts) < 2 or parts[0] not in RECORD_KINDS:
         return {"key": parts[1]} if len(parts) >= 2 else {}
-    names = ("kind", "key", "seq", "action", "index")
+    names: tuple[str, ...] = ("kind", "key", "seq", "action", "index")
     if len(parts) > 3 and not is_legacy(parts):
         names = ("kind", "key", "seq", "topic", "action", "index")
     out = dict(zip(names, parts, strict=False))

@@ -213,7 +213,7 @@ class OutputLog:
                         if p not in pending:
                             continue  # past its range, other partitions still read
                         stamp = msg.timestamp()[1]
-                        if stamp > until_ms:  # type: ignore[operator]
+                        if stamp > until_ms:
                             pending.discard(p)
                             consumer.pause([TopicPartition(self.topic, p)])
                             continue

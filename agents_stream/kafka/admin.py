@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
@@ -207,11 +208,11 @@ class TopicAdmin:
         return getattr(self._metadata(), "cluster_id", None)
 
     def partition_counts(self, topics: list[str]) -> dict[str, int]:
-        md = self._metadata()
+        md: Any = self._metadata()
         return {
             t: len(md.topics[t].partitions)
             for t in topics
-            if t in md.topics and md.topics[t].partitions  # type: ignore[attr-defined]
+            if t in md.topics and md.topics[t].partitions
         }
 
     def topic_config(self, topic: str) -> dict[str, str]:

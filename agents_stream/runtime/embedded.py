@@ -98,7 +98,7 @@ class EmbeddedBroker:
         self._proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        if out is not subprocess.DEVNULL:
+        if not isinstance(out, int):  # a log file (not DEVNULL): the child has it now
             out.close()
         self._wait_ready(timeout)
         return self

@@ -70,7 +70,7 @@ MEMORY_ENV = "AGENTS_STREAM_CACHE_MEMORY_MB"
 DEFAULT_MEMORY_MB = 64
 
 _UNLOGGED = WriteOptions()
-_UNLOGGED.disable_wal = True
+_UNLOGGED.disable_wal = True  # type: ignore[method-assign,assignment]  # a property in rocksdict
 
 _shared: tuple[Cache, WriteBufferManager] | None = None
 _shared_lock = threading.Lock()
@@ -304,8 +304,8 @@ class PartitionCache:
                     found = live.get(record) if record is not None else None
                     if found is not None:
                         found.discard(key)
-                        if not found:
-                            del live[record]  # type: ignore[index]
+                        if not found and record is not None:
+                            del live[record]
 
     def replay(self, keys: list[bytes], values: list[bytes | None], next_offset: int) -> None:
         """``apply(zip(keys, values), next_offset, replay=True)`` for a rebuild's batch
