@@ -502,7 +502,13 @@ class AckingProducer:
         assert self._producer is not None
         me = threading.current_thread()
         while not self._stop.is_set() and self._thread is me:
-            self._producer.poll(0.05)
+            try:
+                self._producer.poll(0.05)
+            except KafkaException:
+                # A fatal producer (a transactional one fenced or refused) raises from
+                # every poll; its owner is told by the call that failed, and replaces it
+                # or stops. The reports it still has are dispatched below.
+                time.sleep(0.05)
             self._dispatch()
             self._rounds += 1
 

@@ -235,6 +235,9 @@ class TransactionalProducer(AckingProducer):
                     self._gate.notify_all()
 
 
+_DENIED = frozenset(
+    {KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED}
+)
 _ABORTED = KafkaError(KafkaError._PURGE_QUEUE, "transaction aborted before this record was sent")
 
 
@@ -273,6 +276,14 @@ def _failed(step: str, exc: KafkaException) -> TransactionFailed:
     error = exc.args[0] if exc.args else None
     if not isinstance(error, KafkaError):
         return TransactionFailed(f"transaction {step} failed: {exc}")
+    if error.code() in _DENIED:
+        # Not fencing: no new producer would fare better. One line naming the ACL.
+        return TransactionFailed(
+            f"transaction {step} refused by the cluster's authorizer ({error.str()}): grant "
+            "Write and Describe on TransactionalId with the prefix '<app id>-' "
+            "(`agents-stream acls -A module:app` prints it)",
+            code=error.code(),
+        )
     fenced = error.fatal() or error.code() in (
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,

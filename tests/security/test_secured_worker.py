@@ -149,8 +149,8 @@ def test_exactly_once_needs_the_transactional_id_acl(secured, names, tmp_path, g
     else:
         assert proc.proc is not None
         code = proc.proc.wait(45)
-        # The line: (a thread traceback of the producer's poll loop may follow it)
         [line] = [ln for ln in proc.log().splitlines() if "CRITICAL agents_stream.cli" in ln]
+        assert "Traceback" not in proc.log(), proc.log()[-3000:]
         assert code != 0 and "refused User:worker a transactional producer" in line, line
         assert "Write and Describe on the transactional ids prefixed" in line, line
     assert_no_password(secured, {"worker log": proc.log()})
