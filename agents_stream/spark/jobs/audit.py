@@ -342,6 +342,8 @@ def run_audit(
     """
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     stuck_after_ms = int(stuck_after_s * 1000)
+    if app.exactly_once:  # aborted transactions' ActionDones never happened
+        read_options.setdefault("kafka.isolation.level", "read_committed")
     topic = app.action_state_topic
     state_records = planned_records(bootstrap, [topic], **read_options)
     one_pass: tuple[dict[str, pa.Table], dict[str, int]] | None = None

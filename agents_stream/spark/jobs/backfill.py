@@ -188,8 +188,11 @@ def run_backfill(
         emits=emits,
         concurrency=concurrency,
     )
+    # An exactly-once app's aborted transactions (outputs, ActionDones) never happened:
+    # read what its workers read.
+    isolation = {"kafka.isolation.level": "read_committed"} if app.exactly_once else {}
     inputs = read_kafka(
-        spark, bootstrap, binding.input, starting, ending, includeHeaders="false"
+        spark, bootstrap, binding.input, starting, ending, includeHeaders="false", **isolation
     ).select(
         "partition",
         "offset",
@@ -197,7 +200,7 @@ def run_backfill(
         "value",
         F.unix_millis("timestamp").alias("timestamp_ms"),
     )
-    state = _snapshot(spark, bootstrap, state_topic, use_journal)
+    state = _snapshot(spark, bootstrap, state_topic, use_journal, isolation)
 
     def run(pdf_in: pd.DataFrame, pdf_state: pd.DataFrame) -> pd.DataFrame:
         import pandas as pd
@@ -290,14 +293,20 @@ def _ensure_state_topic(app: App, bootstrap: str, topic: str) -> None:
     admin.ensure([compacted(topic, partitions, app.replication_factor, app.min_insync_replicas)])
 
 
-def _snapshot(spark: SparkSession, bootstrap: str, topic: str, use_journal: bool) -> DataFrame:
+def _snapshot(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    use_journal: bool,
+    isolation: dict[str, str] | None = None,
+) -> DataFrame:
     empty = spark.createDataFrame([], "partition int, key binary, value binary")
     if not use_journal:
         return empty
     if topic not in partition_counts(bootstrap, [topic]):
         log.info("backfill: %s does not exist; starting from an empty journal", topic)
         return empty
-    raw = read_kafka(spark, bootstrap, topic, includeHeaders="false")
+    raw = read_kafka(spark, bootstrap, topic, includeHeaders="false", **(isolation or {}))
     return compact(raw).select("partition", "key", "value")
 
 

@@ -197,7 +197,8 @@ def run_reconcile(
     with step(
         spark, "reconcile", f"find PENDING calls in {app.action_state_topic}", records=planned
     ):
-        journal = read_journal(spark, bootstrap, app, include_raw=True)
+        isolation = {"kafka.isolation.level": "read_committed"} if app.exactly_once else {}
+        journal = read_journal(spark, bootstrap, app, include_raw=True, **isolation)
         pending = journal.where("kind = 'call' AND status = 'PENDING'")
         match = "call_id" if ledger.match_on == "call_id" else "key"
         joined = pending.join(
