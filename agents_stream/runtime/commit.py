@@ -117,9 +117,10 @@ class TransactionalCommit:
             # its offsets (or anything of it) committed by this member.
             if ownership.suspended is not None:
                 raise TransactionFailed(f"not committing: {ownership.suspended}")
-            for tp in offsets:
-                if not ownership.lease(*tp):
-                    raise TransactionFailed(f"not committing: {tp[0]}[{tp[1]}] is not held")
+            for topic, partition in offsets:
+                # valid(): held, and no freeze past the limit the watchdog has not seen yet
+                if not ownership.valid(topic, partition, ownership.lease(topic, partition)):
+                    raise TransactionFailed(f"not committing: {topic}[{partition}] is not held")
 
         committed: Callable[[set[tuple[str, int | None]]], None] | None = None
         if store is not None:
