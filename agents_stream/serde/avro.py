@@ -7,22 +7,29 @@ reader, filling defaults for fields the writer did not have.
 
 The hot paths (encoding with the writer, decoding a record whose writer is the reader) run
 code generated for the schema (:mod:`.compiled`); fastavro remains the reference it is
-tested against, and takes over for anything the generated code declines.
+tested against. It takes over for a schema the compiler declines (logged at
+construction) and for a datum the generated encoder declines with :class:`.Misfit` (a
+value outside its fast shape: counted in ``misfits``, logged once). Any other failure of
+generated code raises :class:`ValueEncodeError` / :class:`ValueDecodeError` naming the
+schema; fastavro's bytes never stand in for it.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from fastavro import schemaless_reader, schemaless_writer
 
-from .compiled import Decoder, Encoder, compile_schema
+from .compiled import Decoder, Encoder, Misfit, compile_schema
 from .errors import SchemaError, ValueDecodeError, ValueEncodeError
 from .framing import FramingError, confluent_header, read_frame, single_object_header
 from .registry import RegistryBinding
+
+log = logging.getLogger("agents_stream.serde")
 
 
 class AvroSerde:
@@ -39,6 +46,13 @@ class AvroSerde:
         compiled: encode and decode same-schema records with code generated for the
             schema (same bytes and values as fastavro, ~3x faster); ``False`` uses
             fastavro alone (the reference, for tests and benchmarks).
+
+    Attributes:
+        misfits: datums the compiled encoder declined (:class:`.Misfit`) and fastavro
+            encoded or rejected; the first one is logged.
+
+    Raises:
+        SchemaError: no versions, or the compiled code could not be built (named).
     """
 
     def __init__(
@@ -61,6 +75,7 @@ class AvroSerde:
         self._by_fingerprint = {v.fingerprint: v for v in self.versions}
         self._by_fingerprint.setdefault(self.writer.fingerprint, self.writer)
         self._header: bytes | None = None
+        self.misfits = 0
         self._enc = _compiled(self.writer, record_names) if compiled else None
         self._dec = _compiled(self.reader, record_names) if compiled else None
         # Records the reader wrote itself skip frame parsing (it costs as much as the body).
@@ -79,13 +94,25 @@ class AvroSerde:
         """Frame + Avro body of ``datum`` (dicts; unions of records as ``(name, dict)``).
 
         Raises:
-            ValueEncodeError: ``datum`` does not fit the writer schema.
+            ValueEncodeError: ``datum`` does not fit the writer schema, or the compiled
+                encoder failed on it (said as such: nothing is written then).
         """
         if self._enc is not None:
+            head = self._header or self.header()
             try:
-                return self._enc[0](self._header or self.header(), datum)
-            except Exception:  # fastavro re-encodes: it either fits the schema or says why
-                pass
+                return self._enc[0](head, datum)
+            except Misfit as exc:  # outside the fast shape: fastavro writes it or says why
+                self._misfit(exc)
+            except Exception as exc:  # never answered with fastavro's bytes
+                raise self._compiled_failed(datum, exc) from exc
+        return self.encode_fastavro(datum)
+
+    def encode_fastavro(self, datum: Any) -> bytes:
+        """:meth:`encode` by fastavro alone (the reference the compiled encoder matches).
+
+        Raises:
+            ValueEncodeError: ``datum`` does not fit the writer schema.
+        """
         out = io.BytesIO()
         out.write(self.header())
         try:
@@ -93,6 +120,28 @@ class AvroSerde:
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
             raise ValueEncodeError(f"value does not fit {self.writer.label}: {exc}") from exc
         return out.getvalue()
+
+    def _misfit(self, exc: Misfit) -> None:
+        self.misfits += 1
+        if self.misfits == 1:
+            log.info(
+                "a datum outside the compiled encoder's fast shape (%s) is encoded by "
+                "fastavro (%s; logged once, AvroSerde.misfits counts them)",
+                exc, self.writer.label,
+            )  # fmt: skip
+
+    def _compiled_failed(self, datum: Any, exc: Exception) -> ValueEncodeError:
+        """The error for a failure of the compiled encoder other than a Misfit: fastavro
+        is asked only to say whether the datum fits (its bytes are never used)."""
+        failed = f"the compiled encoder raised {type(exc).__name__}: {exc}"
+        try:
+            self.encode_fastavro(datum)
+        except ValueEncodeError as reference:
+            return ValueEncodeError(f"{reference} ({failed})")
+        return ValueEncodeError(
+            f"{failed} on a value that fits {self.writer.label} (fastavro encodes it): a "
+            "bug of agents_stream.serde.compiled; nothing written"
+        )
 
     def decode(self, data: bytes) -> Any:
         """Decode a record written by any known writer into the reader's shape.
@@ -183,8 +232,13 @@ _COMPILED: weakref.WeakKeyDictionary[Any, dict[bool, tuple[Encoder, Decoder] | N
 
 
 def _compiled(schema: Any, record_names: bool) -> tuple[Encoder, Decoder] | None:
-    # Once per schema version and shape: versions are shared, serdes are not.
+    # Once per schema version and shape: versions are shared, serdes are not. None: the
+    # compiler declined the schema (logged by compile_schema); anything else raises.
     per_schema = _COMPILED.setdefault(schema, {})
     if record_names not in per_schema:
-        per_schema[record_names] = compile_schema(schema.parsed, record_names=record_names)
+        try:
+            compiled = compile_schema(schema.parsed, record_names=record_names)
+        except SchemaError as exc:
+            raise SchemaError(f"{getattr(schema, 'label', 'schema')}: {exc}") from exc
+        per_schema[record_names] = compiled
     return per_schema[record_names]

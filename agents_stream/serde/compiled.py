@@ -8,10 +8,18 @@ in a table.
 
 fastavro stays the reference. The compiled encoder only accepts data it can place without
 guessing: anything else (a missing field that has a default, a value two union branches
-could both take, a type fastavro might coerce) raises :class:`Misfit` and the caller
-re-encodes with fastavro, which either writes it or names what is wrong. The compiled
-decoder handles only writer == reader; any schema feature it does not know (logical types)
-makes :func:`compile_schema` return ``None``.
+could both take, a type fastavro might coerce, an integer out of range) raises
+:class:`Misfit`, naming the field, and the caller re-encodes with fastavro, which either
+writes it or names what is wrong. That is the one fallback: callers catch ``Misfit`` alone
+(and count it); any other exception out of generated code is an error they raise with the
+record named, never a reason to try fastavro instead. The compiled decoder handles only
+writer == reader; any schema feature it does not know (logical types) makes
+:func:`compile_schema` return ``None`` (logged, with the reason): the caller uses fastavro
+for that schema. Any other failure to build the code raises :class:`~.errors.SchemaError`
+naming the schema.
+
+Generated source is registered in :mod:`linecache` under ``<avro NAME #N>``: tracebacks
+through it show its lines, and ``linecache.getlines`` returns the whole module.
 
 A reader that needs only a few fields of every record (the audit counts calls by
 ActionState and status) takes a projection (:func:`compile_projection`): the object
@@ -22,10 +30,15 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import logging
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import SchemaError
+
+log = logging.getLogger("agents_stream.serde")
 
 Encoder = Callable[[bytes, Any], bytes]
 Decoder = Callable[[bytes, int], "tuple[Any, int]"]
@@ -38,7 +51,11 @@ _BUILDS = itertools.count(1)
 
 
 class Misfit(Exception):
-    """The compiled encoder will not place this datum; let fastavro decide."""
+    """The compiled encoder will not place this datum; let fastavro decide.
+
+    Its message names the field (``CallResult.index: not an int``). The only exception a
+    caller may answer by encoding with fastavro instead.
+    """
 
 
 class Corrupt(Exception):
@@ -176,6 +193,8 @@ class _Compiler:
         self.n = 0
         self.bindings: Mapping[str, ObjectBinding] = {}
         self.cls_of: dict[str, str] = {}
+        # variable -> the field it holds ("CallResult.index"), for Misfit messages
+        self.where: dict[str, str] = {}
         self._collect(schema)
 
     # -- schema walking ----------------------------------------------------------------
@@ -237,14 +256,37 @@ class _Compiler:
     def emit(self, ind: int, line: str) -> None:
         self.lines.append("    " * ind + line)
 
-    def build(self, name: str) -> Any:
+    def misfit(self, v: str, why: str) -> str:
+        """The statement raising :class:`Misfit` for ``v``, naming its field."""
+        return f"raise Misfit({self.where.get(v, 'the datum') + ': ' + why!r})"
+
+    def field_var(self, record: Any, name: str) -> str:
+        v = self.var()
+        self.where[v] = f"{record['name'].rsplit('.', 1)[-1]}.{name}"
+        return v
+
+    def item_var(self, stem: str, of: str, suffix: str) -> str:
+        x = self.var(stem)
+        self.where[x] = self.where.get(of, "the datum") + suffix
+        return x
+
+    def shift(self, z: str, v: str, bits: int, ind: int) -> None:
+        """``z`` = zigzag of ``v``; a value ``<<`` rejects (a float, a string) is a
+        Misfit: fastavro writes some of them (it truncates floats) and names the rest."""
+        self.emit(ind, "try:")
+        self.emit(ind + 1, f"{z} = ({v} << 1) ^ ({v} >> {bits})")
+        self.emit(ind, "except TypeError:")
+        self.emit(ind + 1, self.misfit(v, "not an int"))
+
+    def build(self, name: str) -> Callable[..., Any]:
         source = "\n".join(self.lines) + "\n"
         # Registered with linecache under a name of its own: a traceback through generated
         # code shows its lines (and pdb can step through them), not a bare "<avro ...>".
         filename = f"<avro {name} #{next(_BUILDS)}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         exec(compile(source, filename, "exec"), self.ns)
-        return self.ns[name]
+        built: Callable[..., Any] = self.ns[name]
+        return built
 
 
 # -- encoder -------------------------------------------------------------------------------
@@ -257,8 +299,12 @@ class _EncoderCompiler(_Compiler):
             if s["type"] in ("record", "error"):
                 self.emit(0, f"def {self.fn_of[full]}(d, ap):")
                 for f in s["fields"]:
-                    v = self.var()
-                    self.emit(1, f"{v} = d[{f['name']!r}]")
+                    v = self.field_var(s, f["name"])
+                    # fastavro writes a missing field's default (or null): its decision
+                    self.emit(1, "try:")
+                    self.emit(2, f"{v} = d[{f['name']!r}]")
+                    self.emit(1, "except KeyError:")
+                    self.emit(2, self.misfit(v, "missing"))
                     self.enc(self.resolve(f["type"]), v, 1)
                 self.emit(1, "return")
         self.emit(0, "def encode(header, datum):")
@@ -281,19 +327,20 @@ class _EncoderCompiler(_Compiler):
         if k == "null" and checked:  # the union's dispatch test already made the check
             return
         if k == "null":
-            e(ind, f"if {v} is not None: raise Misfit")
+            e(ind, f"if {v} is not None: {self.misfit(v, 'not None')}")
         elif k == "boolean":
             e(ind, f"if {v} is True: ap(b'\\x01')")
             e(ind, f"elif {v} is False: ap(b'\\x00')")
-            e(ind, "else: raise Misfit")
+            e(ind, f"else: {self.misfit(v, 'not a bool')}")
         elif k in ("int", "long"):
             bits = 31 if k == "int" else 63
             z = self.var("z")
             # Floats and strings fail on the shift; bools encode as 0/1 like fastavro.
-            e(ind, f"{z} = ({v} << 1) ^ ({v} >> {bits})")
+            self.shift(z, v, bits, ind)
             e(ind, f"ap(_V[{z}] if {z} < {_SMALL} else _big({z}, {v}, {bits}))")
         elif k in ("float", "double"):
-            e(ind, f"if {v}.__class__ is not float and {v}.__class__ is not int: raise Misfit")
+            e(ind, f"if {v}.__class__ is not float and {v}.__class__ is not int:")
+            e(ind + 1, self.misfit(v, "not a float"))
             e(ind, f"ap({'_pf' if k == 'float' else '_pd'}({v}))")
         elif k == "string":
             b, n = self.var("b"), self.var("n")
@@ -304,29 +351,30 @@ class _EncoderCompiler(_Compiler):
         elif k == "bytes":
             n = self.var("n")
             if not checked:
-                e(ind, f"if {v}.__class__ is not bytes: raise Misfit")
+                e(ind, f"if {v}.__class__ is not bytes: {self.misfit(v, 'not bytes')}")
             e(ind, f"{n} = len({v})")
             self.length(n, ind)
             e(ind, f"ap({v})")
         elif k == "fixed":
-            e(ind, f"if {v}.__class__ is not bytes or len({v}) != {s['size']}: raise Misfit")
+            e(ind, f"if {v}.__class__ is not bytes or len({v}) != {s['size']}:")
+            e(ind + 1, self.misfit(v, f"not {s['size']} bytes"))
             e(ind, f"ap({v})")
         elif k == "enum":
             table = self.const({sym: _V[i << 1] for i, sym in enumerate(s["symbols"])})
             e(ind, f"ap({table}[{v}])")
         elif k in ("array", "map"):
             cls = "list" if k == "array" else "dict"
-            e(ind, f"if {v}.__class__ is not {cls}: raise Misfit")
+            e(ind, f"if {v}.__class__ is not {cls}: {self.misfit(v, f'not a {cls}')}")
             e(ind, f"if {v}:")
             n = self.var("n")
             e(ind + 1, f"{n} = len({v})")
             self.length(n, ind + 1)
-            x = self.var("x")
+            x = self.item_var("x", v, "[]")
             if k == "array":
                 e(ind + 1, f"for {x} in {v}:")
                 self.enc(self.resolve(s["items"]), x, ind + 2)
             else:
-                key = self.var("k")
+                key = self.item_var("k", v, " key")
                 e(ind + 1, f"for {key}, {x} in {v}.items():")
                 self.enc("string", key, ind + 2)
                 self.enc(self.resolve(s["values"]), x, ind + 2)
@@ -351,9 +399,9 @@ class _EncoderCompiler(_Compiler):
             self.enc(branch, v, ind + 1, checked=True)
             first = "elif"
         if first == "if":
-            e(ind, "raise Misfit")
+            e(ind, self.misfit(v, "no union branch takes it without guessing"))
         else:
-            e(ind, "else: raise Misfit")
+            e(ind, f"else: {self.misfit(v, 'no union branch takes it without guessing')}")
 
     def union_tests(self, resolved: list[Any], v: str) -> list[tuple[str, int, Any]]:
         """(test of ``v``, branch index, branch) of the branches a datum's type selects
@@ -453,7 +501,7 @@ class _DecoderCompiler(_Compiler):
         if k == "null":
             return 0
         if k == "fixed":
-            return min(s["size"], 1)
+            return min(int(s["size"]), 1)
         if k in ("record", "error"):
             if s["name"] in seen:
                 return 1
@@ -636,7 +684,7 @@ class _ObjectEncoderCompiler(_EncoderCompiler):
         get = self.bindings[s["name"]].get
         parts: list[str] = []
         for f in s["fields"]:
-            v = self.var()
+            v = self.field_var(s, f["name"])
             self.emit(ind, f"{v} = {get.get(f['name'], '{o}.' + f['name']).format(o=o)}")
             parts += self.parts(self.resolve(f["type"]), v, ind)
         return parts or ["b''"]
@@ -647,18 +695,18 @@ class _ObjectEncoderCompiler(_EncoderCompiler):
         e = self.emit
         if k == "null":
             if not checked:
-                e(ind, f"if {v} is not None: raise Misfit")
+                e(ind, f"if {v} is not None: {self.misfit(v, 'not None')}")
             return []
         if k == "boolean":
             x = self.var("x")
             e(ind, f"if {v} is True: {x} = b'\\x01'")
             e(ind, f"elif {v} is False: {x} = b'\\x00'")
-            e(ind, "else: raise Misfit")
+            e(ind, f"else: {self.misfit(v, 'not a bool')}")
             return [x]
         if k in ("int", "long"):
             bits = 31 if k == "int" else 63
             z = self.var("z")
-            e(ind, f"{z} = ({v} << 1) ^ ({v} >> {bits})")
+            self.shift(z, v, bits, ind)
             if k == "int":
                 return [f"(_V[{z}] if {z} < {_SMALL} else _big({z}, {v}, {bits}))"]
             # _big's chunks inlined for longs: offsets and epoch-ms timestamps are 3-6 bytes.
@@ -669,7 +717,8 @@ class _ObjectEncoderCompiler(_EncoderCompiler):
                 f"if {z} < 4398046511104 else _big({z}, {v}, 63))"
             ]
         if k in ("float", "double"):
-            e(ind, f"if {v}.__class__ is not float and {v}.__class__ is not int: raise Misfit")
+            e(ind, f"if {v}.__class__ is not float and {v}.__class__ is not int:")
+            e(ind + 1, self.misfit(v, "not a float"))
             return [f"{'_pf' if k == 'float' else '_pd'}({v})"]
         if k in ("string", "bytes"):
             n = self.var("n")
@@ -679,11 +728,12 @@ class _ObjectEncoderCompiler(_EncoderCompiler):
             else:
                 data = v
                 if not checked:
-                    e(ind, f"if {v}.__class__ is not bytes: raise Misfit")
+                    e(ind, f"if {v}.__class__ is not bytes: {self.misfit(v, 'not bytes')}")
             e(ind, f"{n} = len({data})")
             return [f"(_V[{n} << 1] if {n} < {_SMALL >> 1} else _long({n}))", data]
         if k == "fixed":
-            e(ind, f"if {v}.__class__ is not bytes or len({v}) != {s['size']}: raise Misfit")
+            e(ind, f"if {v}.__class__ is not bytes or len({v}) != {s['size']}:")
+            e(ind + 1, self.misfit(v, f"not {s['size']} bytes"))
             return [v]
         if k == "enum":
             table = self.const({sym: _V[i << 1] for i, sym in enumerate(s["symbols"])})
@@ -697,7 +747,7 @@ class _ObjectEncoderCompiler(_EncoderCompiler):
             # timers): their encoding is the end marker alone, no list and join.
             x, w = self.var("x"), self.var("w")
             e(ind, f"if {v}.__class__ is not tuple and {v}.__class__ is not list:")
-            e(ind + 1, "raise Misfit")
+            e(ind + 1, self.misfit(v, "not a tuple or list"))
             e(ind, f"if not {v}:")
             e(ind + 1, f"{x} = b'\\x00'")
             e(ind, "else:")
@@ -729,15 +779,15 @@ class _ObjectEncoderCompiler(_EncoderCompiler):
             parts = self.parts(branch, v, ind + 1, checked=True)
             self.emit(ind + 1, f"{x} = {' + '.join([repr(_V[i << 1]), *parts])}")
             first = "elif"
-        self.emit(ind, "else: raise Misfit")
+        self.emit(ind, f"else: {self.misfit(v, 'no union branch takes it without guessing')}")
         return x
 
     def enc(self, s: Any, v: str, ind: int, checked: bool = False) -> None:
         if self.kind(s) == "array":  # sequences of a dataclass are tuples
             self.emit(ind, f"if {v}.__class__ is not tuple and {v}.__class__ is not list:")
-            self.emit(ind + 1, "raise Misfit")
+            self.emit(ind + 1, self.misfit(v, "not a tuple or list"))
             self.emit(ind, f"if {v}:")
-            n, x = self.var("n"), self.var("x")
+            n, x = self.var("n"), self.item_var("x", v, "[]")
             self.emit(ind + 1, f"{n} = len({v})")
             self.length(n, ind + 1)
             self.emit(ind + 1, f"for {x} in {v}:")
@@ -827,7 +877,10 @@ class _ObjectDecoderCompiler(_DecoderCompiler):
             v = local[f["name"]] = self.var()
             self.dec(self.resolve(f["type"]), v, ind)
         if binding.build is not None:
-            expr = binding.build(local)
+            try:
+                expr = binding.build(local)
+            except KeyError as exc:  # a binding of another version's fields: declined
+                raise Unsupported(f"the binding of {s['name']} needs field {exc}") from exc
         else:
             cls = self.cls_of[s["name"]]
             expr = f"{cls}({', '.join(f'{n}={v}' for n, v in local.items())})"
@@ -926,6 +979,29 @@ class _ProjectionCompiler(_ObjectDecoderCompiler):
             raise Unsupported(f"type {k!r}")
 
 
+def _declined(parsed: Any, what: str, exc: BaseException) -> None:
+    """The compiler declined ``parsed`` (a feature it leaves to fastavro): said once, at
+    construction, naming the schema; the caller then uses fastavro for it."""
+    log.info(
+        "no compiled %s for Avro schema %s (%s: %s); fastavro handles it",
+        what, _schema_name(parsed), type(exc).__name__, exc,
+    )  # fmt: skip
+
+
+def _build_failed(parsed: Any, what: str, exc: Exception) -> SchemaError:
+    """Building the code failed other than by declining: a bug of this module, or a
+    parsed schema it misreads. Raised at codec construction, never answered with None."""
+    return SchemaError(
+        f"cannot generate the {what} of Avro schema {_schema_name(parsed)}: "
+        f"{type(exc).__name__}: {exc} (a bug of agents_stream.serde.compiled)"
+    )
+
+
+def _schema_name(parsed: Any) -> str:
+    name = parsed.get("name") if isinstance(parsed, dict) else None
+    return repr(name) if name else f"of type {_Compiler.kind(parsed)!r}"
+
+
 def compile_projection(
     record: Any, keep: tuple[str, ...], bindings: Mapping[str, ObjectBinding]
 ) -> ObjectDecoder | None:
@@ -935,14 +1011,20 @@ def compile_projection(
     ``decoder(data, offset)`` returns ``(tuple of the kept fields in the order of keep,
     end offset)`` and raises, or returns an end past ``len(data)``, exactly where the
     object decoder would: the caller checks ``end == len(data)`` as there. ``None`` when
-    the schema, the bindings or ``keep`` are not supported.
+    the schema, the bindings or ``keep`` are not supported (logged).
+
+    Raises:
+        SchemaError: the code could not be built for another reason (named).
     """
     try:
         compiler = _ProjectionCompiler(record, record_names=False)
         _bind(compiler, bindings)
         return compiler.project(record, keep)
-    except (Unsupported, KeyError, TypeError, RecursionError):
+    except (Unsupported, RecursionError) as exc:
+        _declined(record, f"projection {keep}", exc)
         return None
+    except Exception as exc:
+        raise _build_failed(record, f"projection {keep}", exc) from exc
 
 
 def compile_object_codec(
@@ -952,12 +1034,16 @@ def compile_object_codec(
 
     ``record`` is a record schema as fastavro parsed it (e.g. one branch of a union) and
     must be self-contained; every record it reaches needs a binding. ``encoder(head, obj)``
-    returns ``head`` + the record's body (raising, like :func:`compile_schema`'s encoder,
-    when the object does not fit: the caller then takes the general path);
+    returns ``head`` + the record's body, or raises :class:`Misfit` when the object does
+    not fit the fast shape (the caller may then take the general path) or another
+    exception (a wrong value, or a bug: the caller raises it, naming the record);
     ``decoder(data, offset)`` returns ``(obj, end offset)`` and raises on a corrupt body,
     except that a body cut short inside its last string or bytes field returns an end
     offset past ``len(data)``: the caller must check ``end == len(data)``.
-    ``None`` when the schema or the bindings are not supported.
+    ``None`` when the schema or the bindings are not supported (logged).
+
+    Raises:
+        SchemaError: the code could not be built for another reason (named).
     """
     try:
         enc = _ObjectEncoderCompiler(record, record_names=True)
@@ -965,22 +1051,33 @@ def compile_object_codec(
         dec = _ObjectDecoderCompiler(record, record_names=False)
         _bind(dec, bindings)
         return enc.run(record), dec.run(record)
-    except (Unsupported, KeyError, TypeError, RecursionError):
+    except (Unsupported, RecursionError) as exc:
+        _declined(record, "object codec", exc)
         return None
+    except Exception as exc:
+        raise _build_failed(record, "object codec", exc) from exc
 
 
 def compile_schema(parsed: Any, *, record_names: bool) -> tuple[Encoder, Decoder] | None:
-    """Encoder and decoder of one parsed (fastavro) schema, or ``None`` if unsupported.
+    """Encoder and decoder of one parsed (fastavro) schema, or ``None`` if unsupported
+    (logical types, a schema nested past the recursion limit: logged).
 
-    ``encoder(header, datum)`` returns header + body, or raises (``Misfit`` or a Python
-    error) when fastavro should decide; ``decoder(data, offset)`` returns
-    ``(value, end offset)`` shaped like fastavro's ``schemaless_reader`` with
-    ``return_record_name`` and ``return_record_name_override`` set to ``record_names``,
-    and raises on a corrupt body.
+    ``encoder(header, datum)`` returns header + body, raises :class:`Misfit` when
+    fastavro should decide, or another exception when the datum cannot be encoded (or
+    the code is wrong): never a reason to use fastavro's bytes instead.
+    ``decoder(data, offset)`` returns ``(value, end offset)`` shaped like fastavro's
+    ``schemaless_reader`` with ``return_record_name`` and ``return_record_name_override``
+    set to ``record_names``, and raises on a corrupt body.
+
+    Raises:
+        SchemaError: the code could not be built for another reason (named).
     """
     try:
         encoder = _EncoderCompiler(parsed, record_names).run(parsed)
         decoder = _DecoderCompiler(parsed, record_names).run(parsed)
-    except (Unsupported, KeyError, TypeError, RecursionError):
+    except (Unsupported, RecursionError) as exc:
+        _declined(parsed, "codec", exc)
         return None
+    except Exception as exc:
+        raise _build_failed(parsed, "codec", exc) from exc
     return encoder, decoder

@@ -1,8 +1,9 @@
 """Errors of the serialization layer.
 
 Journal records that cannot be decoded raise
-:class:`agents_stream.durable.errors.JournalDecodeError` (it names the slot); input and
-output values raise :class:`ValueDecodeError`, which the worker routes to the DLQ.
+:class:`agents_stream.durable.errors.JournalDecodeError` (it names the slot), entries that
+cannot be encoded :class:`JournalEncodeError` (likewise); input and output values raise
+:class:`ValueDecodeError`, which the worker routes to the DLQ.
 """
 
 from __future__ import annotations
@@ -32,3 +33,30 @@ class ValueDecodeError(SerdeError):
 
 class ValueEncodeError(SerdeError):
     """A value does not fit the configured schema (or is not JSON-serializable)."""
+
+
+class JournalEncodeError(ValueEncodeError):
+    """A journal entry could not be encoded; names the slot (key, seq, action, call
+    index) the way :class:`~agents_stream.durable.errors.JournalDecodeError` does for
+    reads, and the schema in ``reason``.
+
+    Raised for a value that fits no schema branch (fastavro's reason) and for a failure
+    of the generated encoder itself (said as such); nothing is written in either case.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        key: str | None = None,
+        seq: int | None = None,
+        action: str | None = None,
+        index: int | None = None,
+    ) -> None:
+        where = f"key={key!r} seq={seq} action={action!r} call_index={index}"
+        super().__init__(f"cannot encode journal record ({where}): {reason}")
+        self.reason = reason
+        self.key = key
+        self.seq = seq
+        self.action = action
+        self.index = index

@@ -10,6 +10,15 @@ Reading is version-tolerant: a value written by any released schema version deco
 today's dataclasses. A call written before ``status`` existed (v1) is SUCCEEDED unless it
 carries an exception, the rule the seed's readers applied. Fields added in v4 (timers,
 key-state versions) read as their defaults from older writers: no timers, version -1.
+
+Errors are never swallowed. A value that does not decode raises
+:class:`~agents_stream.durable.errors.JournalDecodeError`, an entry that does not encode
+:class:`~.errors.JournalEncodeError`; both name the slot (key, seq, action, call index),
+the schema and what failed. The one fallback is documented and narrow: an entry the
+generated encoder declines with :class:`~.compiled.Misfit` (a value outside its fast
+shape) is encoded by fastavro, counted in :attr:`JournalCodec.misfits` and logged once
+per entry kind. Any other exception out of generated code raises; fastavro is then only
+asked whether the entry fits, to say whether the value or the code is wrong.
 """
 
 from __future__ import annotations
@@ -43,10 +52,11 @@ from .compiled import (
     Misfit,
     ObjectBinding,
     ObjectDecoder,
+    ObjectEncoder,
     compile_object_codec,
     compile_projection,
 )
-from .errors import SerdeError, ValueDecodeError
+from .errors import JournalEncodeError, SerdeError, ValueDecodeError, ValueEncodeError
 from .framing import single_object_header
 from .registry import RegistryBinding
 from .schemas import JOURNAL_RECORD_TYPE, load_versions
@@ -67,15 +77,20 @@ class JournalCodec:
 
     Calls and completions (nearly every record) take code generated for their schema
     branch that goes straight between the dataclass and the bytes; every other entry, a
-    value the generated code declines, and a record of an older writer take the general
-    path (dicts through :class:`AvroSerde`), which the fast path is tested against.
+    value the generated code declines (a Misfit), and a record of an older writer take
+    the general path (dicts through :class:`AvroSerde`), which the fast path is tested
+    against.
 
     Thread-safe once built; build it with :func:`default_journal_codec`.
+
+    Attributes:
+        misfits: entry kind name -> entries the generated encoder declined (encoded, or
+            refused, by fastavro); the first of each kind is logged.
     """
 
     def __init__(self, serde: AvroSerde) -> None:
         self.serde = serde
-        self._fast_enc: dict[type, tuple[int, Any]] = {}
+        self._fast_enc: dict[type, tuple[int, ObjectEncoder]] = {}
         self._fast_dec: dict[bytes, Any] = {}
         self._heads: dict[type, bytes] = {}
         if serde.compiled and serde.writer.canonical == serde.reader.canonical:
@@ -85,6 +100,7 @@ class JournalCodec:
             self._fast_dec = {prefix + _V[i << 1]: dec for i, dec in decoders.items()}
         self._projections: dict[tuple[type, tuple[str, ...]], tuple[bytes, Any] | None] = {}
         self._label = serde.reader.label
+        self.misfits: dict[str, int] = {}
         self._flips = _emitted_flips(serde.writer.parsed)
 
     def encode(self, entry: JournalEntry) -> bytes:
@@ -102,11 +118,50 @@ class JournalCodec:
                 head = self._heads[entry.__class__] = self.serde.header() + _V[fast[0] << 1]
             try:
                 return fast[1](head, entry)
-            except Misfit:  # a value the compiled path leaves to fastavro, by design
-                pass
-            except Exception as exc:  # a bug of the compiled path: said, not hidden
-                _fast_path_failed(entry, exc)
-        return self.serde.encode({"entry": to_datum(entry)})
+            except Misfit as exc:  # outside the fast shape: fastavro writes it or says why
+                self._misfit(entry, exc)
+                general = self.serde.encode_fastavro  # not the dict path's Misfit again
+            except Exception as exc:  # a wrong value or a codec bug: raised, never hidden
+                raise self._fast_failed(entry, exc) from exc
+        else:
+            general = self.serde.encode
+        try:
+            return general({"entry": to_datum(entry)})
+        except ValueEncodeError as exc:
+            raise _encode_error(entry, str(exc)) from exc
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:  # to_datum
+            reason = f"not encodable with {self.serde.writer.label}: {type(exc).__name__}: {exc}"
+            raise _encode_error(entry, reason) from exc
+
+    def _misfit(self, entry: JournalEntry, exc: Misfit) -> None:
+        kind = entry.__class__.__name__
+        seen = self.misfits.get(kind, 0)
+        self.misfits[kind] = seen + 1
+        if not seen:
+            log.warning(
+                "%s %s is outside the compiled encoder's fast shape of %s (%s): encoded by "
+                "fastavro (logged once per kind; JournalCodec.misfits counts them)",
+                kind, _where_text(entry), self.serde.writer.label, exc,
+            )  # fmt: skip
+
+    def _fast_failed(self, entry: JournalEntry, exc: Exception) -> JournalEncodeError:
+        """The error for a failure of the generated encoder other than a Misfit. fastavro
+        is asked whether the entry fits the schema, only to say which of the value and
+        the code is wrong: its bytes are never written instead."""
+        failed = f"the compiled encoder raised {type(exc).__name__}: {exc}"
+        try:
+            self.serde.encode_fastavro({"entry": to_datum(entry)})
+        except Exception as reference:  # the value is wrong: fastavro's words
+            said = str(reference)
+            if not isinstance(reference, ValueEncodeError):  # to_datum's own error
+                label = self.serde.writer.label
+                said = f"value does not fit {label}: {type(reference).__name__}: {reference}"
+            return _encode_error(entry, f"{said} ({failed})")
+        return _encode_error(
+            entry,
+            f"{failed} on a value that fits {self.serde.writer.label} (fastavro encodes "
+            "it): a bug of agents_stream.serde.compiled; nothing written",
+        )
 
     def _encode_done(self, done: ActionDone) -> bytes:
         """An ActionDone; its emitted marker (the same entry with ``emitted=True``, which
@@ -146,7 +201,7 @@ class JournalCodec:
                     if end > len(value):
                         reason = f"corrupt body ({self._label}): length past the end"
                     else:
-                        reason = f"{len(value) - end} trailing bytes after the body"
+                        reason = f"{len(value) - end} trailing bytes after the body ({self._label})"
                     raise _decode_error(reason, key)
                 return entry  # type: ignore[no-any-return]
         try:
@@ -154,8 +209,9 @@ class JournalCodec:
             return from_datum(name, datum)
         except ValueDecodeError as exc:
             raise _decode_error(exc.reason, key) from exc
-        except (SerdeError, KeyError, TypeError, ValueError) as exc:
-            raise _decode_error(f"{type(exc).__name__}: {exc}", key) from exc
+        except (SerdeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            reason = f"not a journal entry of {self._label}: {type(exc).__name__}: {exc}"
+            raise _decode_error(reason, key) from exc
 
     def projection(
         self, kind: type[JournalEntry], fields: tuple[str, ...]
@@ -229,23 +285,37 @@ def default_journal_codec(
     return JournalCodec(AvroSerde(load_versions(JOURNAL_RECORD_TYPE), registry=registry))
 
 
-_FAST_FAILED: set[type] = set()
-
-
-def _fast_path_failed(entry: JournalEntry, exc: Exception) -> None:
-    """The compiled encoder raised on ``entry``: fastavro encodes it (or says why it
-    cannot); logged once per entry kind with the record named, so a codec bug shows."""
-    kind = entry.__class__
-    if kind in _FAST_FAILED:
-        return
-    _FAST_FAILED.add(kind)
+def _where(entry: Any) -> dict[str, Any]:
+    """The slot fields of ``entry`` that it has (an entry that fails to encode may be
+    malformed: nothing here may raise)."""
+    where: dict[str, Any] = {}
     ref = getattr(entry, "ref", None)
-    where = f" (key={ref.key!r} seq={ref.seq} action={ref.action})" if ref is not None else ""
-    log.warning(
-        "compiled encoder of %s failed%s: %s: %s; encoded with fastavro instead "
-        "(logged once per kind)",
-        kind.__name__, where, type(exc).__name__, exc,
-    )  # fmt: skip
+    for name, holder in (("key", ref), ("seq", ref), ("action", ref), ("key", entry)):
+        value = getattr(holder, name, None)
+        if value is not None and name not in where:
+            where[name] = value
+    if isinstance(entry, CallEntry | Truncation) and isinstance(entry.index, int):
+        where["index"] = entry.index
+    return where
+
+
+def _where_text(entry: Any) -> str:
+    where = _where(entry)
+    return f"(key={where.get('key')!r} seq={where.get('seq')} action={where.get('action')!r}" + (
+        f" call_index={where['index']})" if "index" in where else ")"
+    )
+
+
+def _encode_error(entry: Any, reason: str) -> JournalEncodeError:
+    where = _where(entry)
+    key = where.get("key")
+    return JournalEncodeError(
+        reason,
+        key=None if key is None else str(key),
+        seq=where.get("seq"),
+        action=where.get("action"),
+        index=where.get("index"),
+    )
 
 
 def _decode_error(reason: str, key: bytes) -> JournalDecodeError:
