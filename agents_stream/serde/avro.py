@@ -124,7 +124,9 @@ class AvroSerde:
     def _misfit(self, exc: Misfit) -> None:
         self.misfits += 1
         if self.misfits == 1:
-            log.info(
+            # DEBUG: a user's value may legitimately miss the fast shape (a defaulted
+            # field left out); a CLI's one-line error must stay one line.
+            log.debug(
                 "a datum outside the compiled encoder's fast shape (%s) is encoded by "
                 "fastavro (%s; logged once, AvroSerde.misfits counts them)",
                 exc, self.writer.label,
