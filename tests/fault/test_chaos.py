@@ -69,7 +69,11 @@ def _chaos(broker, topic_factory, worker_factory, tmp_path, capsys, guarantee: s
         # Kill only once this worker is mid-stream (its outputs are growing), so every
         # SIGKILL lands inside actions rather than in a group join.
         before = len(produced())
-        while len(produced()) <= before + 20 and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            # Grown by 20, or done (fewer than 20 left: the run would wait out its deadline)
+            now = len(produced())
+            if now > before + 20 or now >= INPUTS:
+                break
             time.sleep(0.2)
         time.sleep(rng.uniform(0.2, 1.5))
         if kills >= most_kills or len(produced()) >= INPUTS:
