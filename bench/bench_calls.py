@@ -210,8 +210,8 @@ def main() -> int:
         if args.breakdown:
             before, after = small_run["functions"], large_run["functions"]
             diff = {f: (n - before.get(f, 0)) / records for f, n in after.items()}
-            top = sorted(diff.items(), key=lambda item: -item[1])[: args.breakdown]
-            breakdowns.append((system, [[f"{n:.2f}", f] for f, n in top]))
+            most = sorted(diff.items(), key=lambda item: -item[1])[: args.breakdown]
+            breakdowns.append((system, [[f"{n:.2f}", f] for f, n in most]))
     print(f"Python calls per record: (calls over {2 * records:,} - calls over {records:,}) / "
           f"{records:,}; loop + Kafka threads for agents_stream, the main thread for Quix")  # fmt: skip
     print(table(["system", f"calls, {records:,}", f"calls, {2 * records:,}", "per record",
