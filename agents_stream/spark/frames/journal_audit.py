@@ -137,22 +137,21 @@ def audit_batch(
         try:
             entry = decode(m.key(), value)
         except JournalDecodeError as exc:
-            fields = _key_fields(exc)
+            key_fields = _key_fields(exc)
             rows.append(
                 _row(
                     "undecodable",
                     partition=partition,
                     offset=m.offset(),
-                    key=fields.get("key"),
-                    seq=fields.get("seq"),
-                    action=fields.get("action"),
-                    index=fields.get("index"),
+                    key=key_fields.get("key"),
+                    seq=key_fields.get("seq"),
+                    action=key_fields.get("action"),
+                    index=key_fields.get("index"),
                     error=str(exc),
                 )
             )
             continue
-        cls = entry.__class__
-        if cls is CallEntry:
+        if type(entry) is CallEntry:
             ref = entry.ref
             ident = (ref.topic, ref.key, ref.seq, ref.action)
             counts = states.get(ident)
@@ -178,14 +177,14 @@ def audit_batch(
                 failure[0] += 1
                 if entry.function_id is not None:
                     failure[1].add(entry.function_id)
-        elif cls is ActionDone:
+        elif type(entry) is ActionDone:
             ref = entry.ref
             states.setdefault((ref.topic, ref.key, ref.seq, ref.action), [0, 0, 0, 0, 0])[4] = 1
-        elif cls is Truncation:
+        elif type(entry) is Truncation:
             ref = entry.ref
             states.setdefault((ref.topic, ref.key, ref.seq, ref.action), [0, 0, 0, 0, 0])
             rows.append(_entry_row("truncation", partition, entry, _TRUNCATION_FIELDS))
-        elif cls is MemorySnapshot:
+        elif type(entry) is MemorySnapshot:
             memory += 1
     completed = 0
     for (topic, key, seq, action), (pending, failed, ok, calls, done) in states.items():
@@ -264,7 +263,7 @@ TABLE_SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
-def _table(name: str, rows: list[Mapping[str, Any]]) -> pa.Table:
+def _table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     schema = TABLE_SCHEMAS[name]
     return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema)
 

@@ -51,7 +51,8 @@ _SPLITTING = ("maxrecordsperpartition", "minpartitions")
 
 def _split(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """(Kafka source options, this source's own), keys lower-cased."""
-    kafka, own = {}, {}
+    kafka: dict[str, str] = {}
+    own: dict[str, str] = {}
     for key, value in options.items():
         name = str(key).lower()
         if name in _SPLITTING:

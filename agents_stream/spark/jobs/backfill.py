@@ -241,7 +241,7 @@ def run_backfill(
             F.count("error").alias("errors"),
             F.sum(F.col("completed").cast("int")).alias("inputs_completed"),
         ).collect()[0]
-    summary = {k: int(v or 0) for k, v in totals.asDict().items()}
+    summary: dict[str, Any] = {k: int(v or 0) for k, v in totals.asDict().items()}
     summary["skipped"] = summary["inputs_completed"]
     summary.update(agent=binding.name, input=binding.input, app_id=app_id)
     log.info("backfill: %s", summary)

@@ -162,11 +162,11 @@ def run_partition(
         input_schema=binding.input_schema,
         output_schema=binding.output_schema,
     )
-    held = _HeldOutputs(task.app_id)
+    output_log = None
     if task.emits and binding.output is not None and task.app.output_scan_window > 0:
         # An ActionDone not marked emitted may have its outputs in the topic already (a
         # worker died after they were acked): those are not sent again.
-        held.output_log = OutputLog(
+        output_log = OutputLog(
             task.bootstrap,
             binding.output,
             task.app_id,
@@ -175,6 +175,7 @@ def run_partition(
                 producer_config(task.bootstrap, task.app.producer_config)
             ),
         )
+    held = _HeldOutputs(task.app_id, output_log)
     # A thread for each record that may be in a code block at once (started on demand).
     threads = max(task.concurrency, task.app.code_block_threads)
     pool = CodeBlockPool(threads, thread_name_prefix="backfill")
@@ -279,9 +280,12 @@ class _HeldOutputs(Sink):
 
     threadsafe = True
 
-    def __init__(self, origin: str) -> None:
+    def __init__(self, origin: str, output_log: OutputLog | None = None) -> None:
         self.origin = origin
-        self.output_log: OutputLog | None = None
+        self.output_log = output_log
+        # An attribute, not a property: OutputSink declares it settable. The output log
+        # is only given here, so it stays true to it.
+        self.finds_outputs = output_log is not None
         self.held: dict[int, list[tuple[Any, str]]] = {}
 
     def send(
@@ -303,10 +307,6 @@ class _HeldOutputs(Sink):
 
     def take(self, offset: int) -> list[tuple[Any, str]]:
         return self.held.pop(offset, [])
-
-    @property
-    def finds_outputs(self) -> bool:  # type: ignore[override]
-        return self.output_log is not None
 
     def landed(self, done: ActionDone, indexes: Sequence[int]) -> list[int]:
         return [] if self.output_log is None else self.output_log.landed(done, indexes)
