@@ -108,7 +108,7 @@ def _load(spec: str) -> Any:
         raise
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "acls",
         help="print the Kafka ACLs an app's workers need (kafka-acls commands or a table)",

@@ -9,7 +9,7 @@ import threading
 from ..runtime.embedded import EmbeddedBroker
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "broker",
         help="run an embedded Kafka-protocol broker (memory storage) for development",

@@ -37,7 +37,7 @@ sasl.password), as for the worker.
 """
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "produce",
         help="send records to a topic (JSON, or the App's codec with -A)",
@@ -184,6 +184,7 @@ def _partitions(bootstrap: str, topic: str, wait: float) -> list[int]:
 def parse_record(text: str, default_key: str | None) -> tuple[str | None, Any]:
     """``JSON`` or ``KEY=JSON`` -> (key, value); ValueError with the reason."""
     head, sep, rest = text.partition("=")
+    key: str | None
     if sep and head and head[0] not in '{["' and not head.strip().lstrip("-").isdigit():
         key, body = head, rest
     else:

@@ -57,13 +57,14 @@ from ..durable.sink import OutputSink
 from ..durable.store import ActionStateStore
 from ..errors import ConfigurationError
 from ..host.kit import DurableHost
+from ..host.policy import OnError
 from ..host.progress import CompletedThrough
 from ..kafka.admin import TopicAdmin, TopicSpec, compacted
 from ..kafka.config import configure
 from ..kafka.producer import AckingProducer
 from ..state.kafka import KafkaActionStateStore
 from .lanes import KeyLanes
-from .records import FaustEvent, FaustRecordHandler, OnError, record_key
+from .records import FaustEvent, FaustRecordHandler, record_key
 
 try:
     import faust
@@ -210,9 +211,13 @@ class DurableAgent:
         self.faust_agent = faust_app.agent(
             self.topic, name=name or f"agents_stream.{self.app_id}.{agent.__name__}"
         )(self._consume)
-        faust_app.on_partitions_assigned.connect(self._on_assigned)
-        faust_app.on_partitions_revoked.connect(self._on_revoked)
-        faust_app.on_before_shutdown.connect(self._on_shutdown)
+        # mode's SignalHandlerT only admits ``(sender, *args, signal=, **kwargs)``
+        # handlers, but Signal.send calls ``receiver(sender, *args, signal=self, **kw)``
+        # with the signal's own arguments: these (one positional, ``**_`` taking
+        # ``signal``) are called correctly, the stub cannot say so.
+        faust_app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
+        faust_app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+        faust_app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
         if self.prune_completed:
 
             async def prune() -> None:

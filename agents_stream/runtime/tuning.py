@@ -107,7 +107,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
                 f"{LOOP_ENV}=uvloop but uvloop is not installed (pip install uvloop)"
             ) from None
         return None
-    return uvloop.new_event_loop  # type: ignore[no-any-return]
+    return uvloop.new_event_loop
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

@@ -109,6 +109,8 @@ class _Collector(Sink):
 class _CrashingStore(InMemoryActionStateStore):
     """Releases a record's partition once it journaled N terminal call results."""
 
+    ownership: Ownership  # always given: the holds it releases to crash a record
+
     def __init__(self, ownership: Ownership) -> None:
         super().__init__()
         self.ownership = ownership
