@@ -277,7 +277,7 @@ class DurableAgent:
         offset = int(event.message.offset)
         # A dead letter's journal is kept for its replay, a replay's for the replay's own
         # re-delivery (host/dlq.py): only other records are pruned.
-        if acked and not handler.keeps_journal(partition, offset) and self.prune_completed:
+        if acked and not handler.kept.release(partition, offset) and self.prune_completed:
             self._finished[partition].append((offset, record_key(event.key)))
         return acked
 

@@ -38,7 +38,7 @@ from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.dlq import REPLAY_HEADER, original_identity
 from ..host.policy import OnError, judge, record_where
-from ..host.progress import CompletedThrough
+from ..host.progress import CompletedThrough, KeptJournals
 
 log = logging.getLogger("agents_stream.faust")
 
@@ -180,9 +180,7 @@ class FaustRecordHandler:
         self._crash = crash
         self._owns = owns
         self.failed: BaseException | None = None
-        # (partition, offset) of acked records whose journal must outlive the commit:
-        # dead letters (their replay meets it) and replays (they run under an older seq).
-        self._keep: set[tuple[int, int]] = set()
+        self.kept = KeptJournals()
         # Completed-through markers (host/progress.py), loaded by the host on assignment.
         self.progress = progress or CompletedThrough(runner.store, "", rerun_completed=False)
         self.stats: dict[str, int] = {
@@ -218,17 +216,10 @@ class FaustRecordHandler:
             return await self._failed(event, record, exc)
         self._count(outcome)
         if record.seq != offset:
-            self._keep.add((record.partition, offset))
+            self.kept.add((record.partition, offset))
         event.ack()
         return True
 
-    def keeps_journal(self, partition: int, offset: int) -> bool:
-        """Whether an acked record's ActionStates must not be pruned (asked once)."""
-        try:
-            self._keep.remove((partition, offset))
-        except KeyError:
-            return False
-        return True
 
     def _count(self, outcome: RecordOutcome) -> None:
         self.stats["records"] += 1
@@ -260,6 +251,6 @@ class FaustRecordHandler:
             return False
         await asyncio.wrap_future(self.dead_letters.send(ConfluentLikeMessage(msg), "action", exc))
         self.stats["dlq"] += 1
-        self._keep.add((record.partition, int(msg.offset)))
+        self.kept.add((record.partition, int(msg.offset)))
         event.ack()
         return True

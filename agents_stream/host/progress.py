@@ -136,3 +136,18 @@ class CompletedThrough:
         appended = store.append([marker], partition)
         appended.add_done_callback(prune)
         return appended
+
+
+class KeptJournals(set[tuple[int, int]]):
+    """``(partition, offset)`` of finished records whose journal must outlive the commit
+    that passes them: dead letters (their replay meets it) and replays (they run under
+    an older seq). A set, so that ``if kept`` costs no call for the common empty case;
+    every host that prunes asks :meth:`release` once per finished record."""
+
+    def release(self, partition: int, offset: int) -> bool:
+        """Whether the record's journal is kept (and forget it: asked once)."""
+        record = (partition, offset)
+        if record in self:
+            self.discard(record)
+            return True
+        return False

@@ -30,6 +30,7 @@ from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.dlq import REPLAY_HEADER, DeadLetters, original_identity
 from ..host.policy import judge, record_where
+from ..host.progress import KeptJournals
 from .controller import BatchFinish
 from .logs import record_fields
 
@@ -57,9 +58,7 @@ class AgentHost:
         self._on_fatal = on_fatal
         # Per-agent counters read by the metrics collector at scrape time.
         self.counts: dict[str, int] = defaultdict(int)
-        # (partition, offset) of finished records whose journal must outlive the commit:
-        # dead letters (a replay meets it) and replays (they run under an older seq).
-        self._keep: set[tuple[int, int]] = set()
+        self.kept = KeptJournals()
         self._tombstones_seen: set[int] = set()  # partitions whose first one was logged
 
     @property
@@ -247,7 +246,7 @@ class AgentHost:
     def _finished(self, msg: Message, record: RecordInput, outcome: RecordOutcome) -> None:
         self.counts["out"] += len(outcome.outputs)
         if record.seq != msg.offset():  # a replayed dead letter: keep its journal
-            self._keep.add((msg.partition(), msg.offset()))
+            self.kept.add((msg.partition(), msg.offset()))
         self._count(outcome)
 
     def _replayed_seq(self, msg: Message, headers: dict[str, bytes]) -> int | None:
@@ -260,14 +259,6 @@ class AgentHost:
             )  # fmt: skip
             return None
         return identity[1]
-
-    def keeps_journal(self, partition: int, offset: int) -> bool:
-        """Whether a finished record's ActionStates must not be pruned (asked once)."""
-        try:
-            self._keep.remove((partition, offset))
-            return True
-        except KeyError:
-            return False
 
     async def handle_timer(self, timer: TimerEntry) -> None:
         """Fire one due timer: its TimerEvent actions run durably, then it is retired.
@@ -329,4 +320,4 @@ class AgentHost:
         self._stats["dlq"] += 1
         self.counts[f"failed:{stage}"] += 1
         await acked(self._dlq.send(msg, stage, exc))
-        self._keep.add((msg.partition(), msg.offset()))
+        self.kept.add((msg.partition(), msg.offset()))

@@ -156,6 +156,7 @@ class ExecutionController:
             raise ValueError("max_in_flight must be >= 1")
         self.max_in_flight = max_in_flight
         self.epochs = EpochManager(epoch_mode)
+        self._strict = epoch_mode == "strict"
         self._buffers: dict[Hashable, deque[_Pending]] = {}  # waiting records per key
         self._busy: set[Hashable] = set()  # keys with a running record
         self._blocked: dict[Hashable, None] = {}  # keys whose next record waits for an epoch
@@ -209,7 +210,13 @@ class ExecutionController:
         Called from a watermark callback, the record belongs to that watermark's epoch.
         A record of a group being drained is abandoned at once (``done(False)``).
         """
-        item = _Pending(key, group, work, done, self.epochs.enter())
+        epochs = self.epochs
+        if epochs.quiet:  # no watermark pending: EpochManager.enter, inline
+            epoch = epochs.current
+            epoch.unfinished += 1
+        else:
+            epoch = epochs.enter()
+        item = _Pending(key, group, work, done, epoch)
         self._idle.clear()
         drain = self._draining(item)
         if drain is not None:
@@ -256,7 +263,7 @@ class ExecutionController:
                 self._buffers.pop(key, None)
                 return
             head = buffer[0]
-            if not self.epochs.may_start(head.epoch):
+            if self._strict and not self.epochs.may_start(head.epoch):
                 self._blocked[key] = None
                 return
             buffer.popleft()
@@ -387,14 +394,18 @@ class ExecutionController:
             item.done(ok)
         except Exception:  # the host's bookkeeping failed; the key must still go on
             log.exception("done callback for key %r failed", item.key)
-        self.epochs.leave(item.epoch)  # may trigger a watermark, which may submit timers
+        epochs = self.epochs
+        if epochs.quiet:  # EpochManager.leave, inline: nothing can be due
+            item.epoch.unfinished -= 1
+        else:
+            epochs.leave(item.epoch)  # may trigger a watermark, which may submit timers
         if settle:
             self._settle()
 
     def _settle(self) -> None:
         """Admission, capacity and idleness after records were released."""
         self._admit_waiting()
-        if self.epochs.mode == "strict":
+        if self._strict:
             self._unblock()
         if self.has_capacity:
             self._capacity.set()

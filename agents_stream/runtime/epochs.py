@@ -47,14 +47,15 @@ class EpochManager:
         if mode not in ("out_of_order", "strict"):
             raise ValueError(f"unknown epoch mode {mode!r}")
         self.mode = mode
-        self._epochs: deque[Epoch] = deque([Epoch(0)])
+        self.current = Epoch(0)  # the open epoch: the last of ``_epochs``
+        self._epochs: deque[Epoch] = deque([self.current])
         self._next_id = 1
         self.processed_watermark: int | None = None  # the last emitted watermark
         self._triggering: Epoch | None = None
-
-    @property
-    def current(self) -> Epoch:
-        return self._epochs[-1]
+        # True while one epoch is open and no callback runs: then entering is adding one
+        # to ``current.unfinished`` and leaving is taking it away, nothing else to do.
+        # The controller does it inline for every record of an app without watermarks.
+        self.quiet = True
 
     def enter(self) -> Epoch:
         """A record arrived: it belongs to the current (open) epoch, unless a watermark
@@ -77,8 +78,10 @@ class EpochManager:
         epoch = self.current
         epoch.watermark = timestamp
         epoch.on_close.append(process)
-        self._epochs.append(Epoch(self._next_id))
+        self.current = Epoch(self._next_id)
+        self._epochs.append(self.current)
         self._next_id += 1
+        self.quiet = False
         self._fire_ready()
 
     def pending_watermarks(self) -> int:
@@ -96,11 +99,13 @@ class EpochManager:
                 continue  # the work it entered (if any) now keeps it open
             self._epochs.popleft()
             self.processed_watermark = oldest.watermark
+        self.quiet = len(self._epochs) == 1
 
     def _trigger(self, epoch: Epoch) -> None:
         assert epoch.watermark is not None
         epoch.triggered = True
         self._triggering = epoch
+        self.quiet = False
         try:
             for process in epoch.on_close:
                 try:

@@ -44,6 +44,7 @@ from ..durable.journal import TimerEntry
 from ..durable.ownership import Ownership
 from ..durable.pool import CodeBlockPool
 from ..errors import ConfigurationError, KafkaIOError
+from ..events import TimerEvent
 from ..host.kit import DurableHost
 from ..host.progress import CompletedThrough
 from ..kafka.admin import (
@@ -264,9 +265,14 @@ class Worker(CommitProtocol, Rebalancing):
         self.store: KafkaActionStateStore | None = self.kit.kafka_store if app.agents else None
         self.controller = ExecutionController(self.max_in_flight, epoch_mode=app.epoch_mode)
         # Event time per agent input topic, from record timestamps (FLIP-425 epochs).
+        # Only where something waits for it: an agent with an action for TimerEvent (its
+        # event-time timers fire at watermarks), or every agent in strict epoch mode
+        # (records wait for watermarks). Elsewhere a record pays nothing for event time.
         self._watermarks = {
             b.input: WatermarkGenerator(app.out_of_orderness_ms, app.idle_timeout_ms)
             for b in app.agents
+            if app.epoch_mode == "strict"
+            or any(issubclass(TimerEvent, a.listens) for a in b.agent.actions())
         }
         self.event_time: dict[str, int] = {}
         self.offsets = OffsetTracker()
@@ -523,25 +529,28 @@ class Worker(CommitProtocol, Rebalancing):
         def done(ok: bool) -> None:
             if ok:
                 tracker.finish(offset)
-                host = self._agents.get(topic)
                 # A dead letter's journal is kept for its replay (host/dlq.py).
-                if host is None or not host.keeps_journal(partition, offset):
+                if not (kept and kept.release(partition, offset)):
                     heappush(self._finished[(topic, partition)], (offset, key))
                 self.stats["records"] += 1
 
-        if topic in self._agents:
+        host = self._agents.get(topic)
+        kept = host.kept if host is not None else None
+        if host is not None:
             # All agents of an app share memory per key, so they also share key order.
             # Keyless records share neither: each is its own "key" (InputEvent.key == "").
             order_key = key if raw_key is not None else ("", topic, partition, offset)
             # Records of one partition started together run as one batch (one task, one
             # shared journal append and ack wait per group of finished actions).
-            work = Batched((topic, partition), (msg, key), self._agents[topic].handle_batch)
+            work = Batched((topic, partition), (msg, key), host.handle_batch)
             self.controller.submit(order_key, (topic, partition), work, done)
-            ts_type, ts = msg.timestamp()
-            if ts_type != TIMESTAMP_NOT_AVAILABLE:
-                watermark = self._watermarks[topic].on_record(partition, ts)
-                if watermark is not None:
-                    self.controller.watermark(watermark, partial(self._watermark_done, topic))
+            watermarks = self._watermarks.get(topic)
+            if watermarks is not None:
+                ts_type, ts = msg.timestamp()
+                if ts_type != TIMESTAMP_NOT_AVAILABLE:
+                    watermark = watermarks.on_record(partition, ts)
+                    if watermark is not None:
+                        self.controller.watermark(watermark, partial(self._watermark_done, topic))
         else:
             host = self._async_ios[topic]
             self.controller.submit(

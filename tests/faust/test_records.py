@@ -291,8 +291,8 @@ def test_replayed_dead_letter_runs_under_its_original_offset():
     assert host.handler.stats["calls_replayed"] == 1
     assert host.sink.sent == [("k", [{"n": 1, "receipt": "charged-1"}])]
     # Neither journal may be pruned: the dead letter's nor the replay's.
-    assert host.handler.keeps_journal(0, 9) and host.handler.keeps_journal(0, 20)
-    assert not host.handler.keeps_journal(0, 20)  # asked once
+    assert host.handler.kept.release(0, 9) and host.handler.kept.release(0, 20)
+    assert not host.handler.kept.release(0, 20)  # asked once
 
 
 def test_replay_above_the_completed_through_marker_is_not_skipped():
