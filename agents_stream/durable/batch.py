@@ -47,15 +47,7 @@ from .acks import acked
 from .bridge import Finished, _Bridged, release, run_coroutine_bridged, start
 from .journal import ActionDone, ActionRef
 from .ownership import OwnershipLost
-from .runner import (
-    ActionRunner,
-    RecordInput,
-    RecordOutcome,
-    _emitted,
-    _partly_emitted,
-    input_event,
-)
-from .sink import SinkItem
+from .runner import ActionRunner, RecordInput, RecordOutcome, input_event
 
 if TYPE_CHECKING:
     from ..events import InputEvent
@@ -165,7 +157,7 @@ class RecordBatch:
         if store.done(ref) is not None:  # recovery: the per-record path replays it
             self._alone(index, record)
             return
-        ctx, snapshot, base = runner._context(ref, None, record.keyless)
+        ctx, snapshot, base = runner.context(ref, None, record.keyless)
         event = input_event(record)
         if spec.is_async:
             # Its own task, as on the per-record path: asyncio.timeout(), TaskGroups and
@@ -226,11 +218,11 @@ class RecordBatch:
         runner = self._runner
         outcome = RecordOutcome()
         try:
-            done = runner._completion(run.ref, run.ctx, run.snapshot, outcome)
+            done = runner.complete(run.ref, run.ctx, run.snapshot, outcome)
         except OwnershipLost as exc:  # the partition is another member's now
             self._report(run.index, exc)
             return
-        if runner._effects(done) or done.events or not runner.sink.threadsafe:
+        if runner.changes_key_state(done) or done.events or not runner.sink.threadsafe:
             self._wait(
                 asyncio.ensure_future(self._settle_alone(run, done, outcome)),
                 partial(self._finished_alone, run.index),
@@ -243,8 +235,8 @@ class RecordBatch:
     ) -> RecordOutcome:
         """Key-state effects or further actions: the per-record path from here on."""
         runner = self._runner
-        await runner._settle(done, run.ctx, run.base, outcome)
-        return await runner.continue_record(run.record, runner._rebuild_events(done), outcome)
+        await runner.settle(done, run.ctx, run.base, outcome)
+        return await runner.continue_record(run.record, runner.events_of(done), outcome)
 
     # -- records on their own -----------------------------------------------------------
     def _alone(self, index: int, record: RecordInput) -> None:
@@ -334,7 +326,7 @@ class RecordBatch:
             # callback, before it dispatches any later delivery report: a released key's
             # next record has its outputs produced in a later report's callback, so
             # after these, whenever the loop hears of this ack.
-            appended = then(appended, partial(_send_outputs, runner, sends, partition))
+            appended = then(appended, partial(runner.send_outputs, sends, partition))
             if self._released is not None:
                 self._wait(acked(journaled), partial(self._group_released, part))
         done = partial(self._group_done, part, journaled)
@@ -378,7 +370,7 @@ class RecordBatch:
                     self._report(run.index, exc)  # type: ignore[arg-type]
                 return
             # Only some records' outputs failed (their positions count the records with
-            # outputs, as _send_outputs sent them): the others are finished.
+            # outputs, as send_outputs sent them): the others are finished.
             failed: dict[int, Exception] = {}
             sending = (run.index for run, _, _ in group if run.ctx.outputs)
             for position, index in enumerate(sending):
@@ -461,41 +453,3 @@ def _and_then(handler: Callable[[Any], None], after: Callable[[], None], fut: An
         handler(fut)
     finally:
         after()
-
-
-def _send_outputs(
-    runner: ActionRunner,
-    sends: list[tuple[ActionDone, list[Any]]],
-    partition: int,
-) -> Future[None]:
-    """Outputs of acked ActionDones; once all are acked, their emitted markers in one
-    append (not awaited: a lost marker only means the outputs may be sent once more)."""
-    stored = runner.sends_stored
-    sent = runner.sink.send_batch(
-        [
-            SinkItem(done.ref.key, values, partition, done.outputs if stored else None, done)
-            for done, values in sends
-        ]
-    )
-    sent.add_done_callback(partial(_mark_emitted, runner, [done for done, _ in sends], partition))
-    return sent
-
-
-def _mark_emitted(
-    runner: ActionRunner, dones: list[ActionDone], partition: int, sent: Future[None]
-) -> None:
-    exc = sent.exception()
-    if isinstance(exc, PartialSendError):  # the others' outputs are durable
-        marks = [
-            _emitted(done)
-            if position not in exc.failed
-            else _partly_emitted(done, exc.landed[position])
-            for position, done in enumerate(dones)
-            if position not in exc.failed or exc.landed.get(position)
-        ]
-    elif exc is not None:
-        return
-    else:
-        marks = [_emitted(done) for done in dones]
-    if marks:
-        runner.store.note(marks, partition)

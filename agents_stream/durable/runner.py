@@ -63,7 +63,7 @@ from .journal import (
 )
 from .memory import KeylessMemory, apply_updates
 from .payload import JsonCodec
-from .sink import NullSink, OutputSink
+from .sink import NullSink, OutputSink, SinkItem
 from .store import ActionStateStore, all_of
 from .timers import Timers
 
@@ -261,7 +261,7 @@ class ActionRunner:
                         outcome.outputs_found += unsent - left
                         outcome.outputs_resent += left
                     await self._emit_once(done, outcome, None)
-                queue.extend(self._rebuild_events(done))
+                queue.extend(self.events_of(done))
 
     async def _run_action(
         self,
@@ -279,7 +279,7 @@ class ActionRunner:
         ``ctx.timers`` raise :class:`KeylessRecordError` (all keyless records share the
         key ``""``).
         """
-        ctx, snapshot, base = self._context(ref, firing, keyless)
+        ctx, snapshot, base = self.context(ref, firing, keyless)
         if spec.in_carrier:
             # In a carrier: the sync ctx.execute inside suspends for its ack.
             await run_coroutine_bridged(spec.fn(event, ctx))
@@ -289,23 +289,24 @@ class ActionRunner:
             # On the loop, in a greenlet: journal acks suspend it instead of holding a
             # thread, and its code blocks run in the pool (see durable/bridge.py).
             await run_bridged(spec.fn, event, ctx)
-        done = self._completion(ref, ctx, snapshot, outcome)
-        if not self._effects(done) and self.sink.threadsafe:
+        done = self.complete(ref, ctx, snapshot, outcome)
+        if not self.changes_key_state(done) and self.sink.threadsafe:
             # The common case in one wait: the outputs go out from the thread that sees
             # ActionDone acked, the emitted marker from the one that sees them acked.
             appended = self.store.append([done], ref.partition)
             if ctx.outputs:
-                appended = then(appended, partial(self._send_outputs, done, ctx.outputs))
+                sends = [(done, ctx.outputs)]
+                appended = then(appended, partial(self.send_outputs, sends, ref.partition))
             try:
                 await acked(appended)
             except PartialSendError as exc:
                 raise exc.failed[0] from None  # its outputs that landed are marked
             outcome.outputs.extend(ctx.outputs)
             return done
-        await self._settle(done, ctx, base, outcome)
+        await self.settle(done, ctx, base, outcome)
         return done
 
-    def _context(
+    def context(
         self, ref: ActionRef, firing: tuple[str, int] | None, keyless: bool
     ) -> tuple[RunnerContext, Callable[[], MemorySnapshot | None], Callable[[], dict[str, bytes]]]:
         """A context for one action run, with the key's snapshot read when the action
@@ -329,7 +330,7 @@ class ActionRunner:
             ctx.timers = Timers(_raiser(error), firing)
         return ctx, snapshot, base
 
-    def _completion(
+    def complete(
         self,
         ref: ActionRef,
         ctx: RunnerContext,
@@ -360,11 +361,11 @@ class ActionRunner:
         )
 
     @staticmethod
-    def _effects(done: ActionDone) -> bool:
+    def changes_key_state(done: ActionDone) -> bool:
         """Whether ``done`` changes key state (memory or timers)."""
         return bool(done.memory_updates or done.timers)
 
-    async def _settle(
+    async def settle(
         self,
         done: ActionDone,
         ctx: RunnerContext,
@@ -373,17 +374,26 @@ class ActionRunner:
     ) -> None:
         """Append ``done`` (with its key-state effects), wait for the acks, send the
         outputs."""
-        if not self._effects(done):
+        if not self.changes_key_state(done):
             await acked(self.store.append([done], done.ref.partition))
         else:
             await self._write_effects(done, base(), first=[done])
         await self._emit_once(done, outcome, ctx.outputs)
 
-    def _send_outputs(self, done: ActionDone, values: list[Any]) -> Future[None]:
-        """Outputs of an acked ActionDone; once they are acked, its emitted marker (not
-        awaited: a lost marker only means the outputs may be sent once more)."""
-        sent = self._send(done, values)
-        sent.add_done_callback(partial(self._mark_emitted, done))
+    def send_outputs(
+        self, sends: list[tuple[ActionDone, list[Any]]], partition: int
+    ) -> Future[None]:
+        """The outputs of acked ActionDones of ``partition`` (one record's, or a group
+        commit's) in one send; once they are acked, their emitted markers in one append
+        (not awaited: a lost marker only means the outputs may be sent once more)."""
+        stored = self.sends_stored
+        sent = self.sink.send_batch(
+            [
+                SinkItem(done.ref.key, values, partition, done.outputs if stored else None, done)
+                for done, values in sends
+            ]
+        )
+        sent.add_done_callback(partial(self._mark_emitted, [done for done, _ in sends], partition))
         return sent
 
     def _send(self, done: ActionDone, values: list[Any]) -> Future[None]:
@@ -403,12 +413,22 @@ class ActionRunner:
             indexes=unsent,
         )
 
-    def _mark_emitted(self, done: ActionDone, sent: Future[None]) -> None:
+    def _mark_emitted(self, dones: list[ActionDone], partition: int, sent: Future[None]) -> None:
         exc = sent.exception()
-        if exc is None:
-            self.store.note([_emitted(done)], done.ref.partition)
-        elif isinstance(exc, PartialSendError) and exc.landed.get(0):
-            self.store.note([_partly_emitted(done, exc.landed[0])], done.ref.partition)
+        if isinstance(exc, PartialSendError):  # the others' outputs are durable
+            marks = [
+                _emitted(done)
+                if position not in exc.failed
+                else _partly_emitted(done, exc.landed[position])
+                for position, done in enumerate(dones)
+                if position not in exc.failed or exc.landed.get(position)
+            ]
+        elif exc is not None:
+            return
+        else:
+            marks = [_emitted(done) for done in dones]
+        if marks:
+            self.store.note(marks, partition)
 
     async def _write_effects(
         self, done: ActionDone, base: dict[str, bytes], *, first: list[JournalEntry]
@@ -515,7 +535,7 @@ class ActionRunner:
         # Not awaited: a lost marker only means the outputs may be sent once more.
         self.store.note([_emitted(done)], done.ref.partition)
 
-    def _rebuild_events(self, done: ActionDone) -> list[Event]:
+    def events_of(self, done: ActionDone) -> list[Event]:
         events = []
         for sent in done.events:
             cls = Event.lookup(sent.type)

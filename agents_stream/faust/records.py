@@ -220,7 +220,6 @@ class FaustRecordHandler:
         event.ack()
         return True
 
-
     def _count(self, outcome: RecordOutcome) -> None:
         self.stats["records"] += 1
         self.stats["calls_executed"] += outcome.calls_executed

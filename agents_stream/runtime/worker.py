@@ -552,11 +552,11 @@ class Worker(CommitProtocol, Rebalancing):
                     if watermark is not None:
                         self.controller.watermark(watermark, partial(self._watermark_done, topic))
         else:
-            host = self._async_ios[topic]
+            operator = self._async_ios[topic]
             self.controller.submit(
                 ("aio", topic, partition, offset),
                 (topic, partition),
-                lambda: host.handle(msg),
+                lambda: operator.handle(msg),
                 done,
             )
 

@@ -101,7 +101,9 @@ class Rebalancing:
             self, topic: str, partition: int, timers: list[TimerEntry], arm_at: int | None
         ) -> None: ...
 
-        def _group_commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> bool: ...
+        def _group_commit(
+            self, offsets: dict[tuple[str, int], int], asynchronous: bool
+        ) -> bool: ...
 
         def _committed(
             self, offsets: dict[tuple[str, int], int]

@@ -39,7 +39,10 @@ def test_orders_are_charged_and_totalled_per_customer(ledger):
     [receipt] = second.outputs
     assert first.outputs[0]["status"] == "charged"
     assert receipt["customer_total"] == 15.5 and second.memory == {"total": 15.5}
-    assert [c.function for c in second.calls] == ["examples.payments.fraud_score", "payments.charge"]
+    assert [c.function for c in second.calls] == [
+        "examples.payments.fraud_score",
+        "payments.charge",
+    ]
     assert charges(ledger) == [("c-ada", 10.0), ("c-ada", 5.5)]
 
 
