@@ -147,7 +147,7 @@ class AckFuture(Future[T]):
             log.exception("exception calling callback for %r", self)
 
 
-Serve = Callable[[float], None]
+Serve = Callable[[float], object]  # a producer's poll: what it returns is unused
 # Threads that serve delivery reports between other work (an event loop's thread): a
 # blocking wait for an ack there polls for them (``serve(timeout)``) instead of sleeping.
 _servers: dict[int, list[Serve]] = {}

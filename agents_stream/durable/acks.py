@@ -12,7 +12,7 @@ import asyncio
 import weakref
 from collections import deque
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -30,7 +30,7 @@ class _Waker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._ready: deque[tuple[asyncio.Future[object], Future[object]]] = deque()
+        self._ready: deque[tuple[asyncio.Future[Any], Future[Any]]] = deque()
         self._scheduled = False
 
     def wrap(self, fut: Future[T]) -> asyncio.Future[T]:
@@ -38,10 +38,10 @@ class _Waker:
         if fut.done():
             _settle(waiter, fut)
         else:
-            fut.add_done_callback(lambda f: self._arrived(waiter, f))  # type: ignore[arg-type]
+            fut.add_done_callback(lambda f: self._arrived(waiter, f))
         return waiter
 
-    def _arrived(self, waiter: asyncio.Future[object], fut: Future[object]) -> None:
+    def _arrived(self, waiter: asyncio.Future[Any], fut: Future[Any]) -> None:
         self._ready.append((waiter, fut))
         if self._scheduled:
             return
@@ -62,7 +62,7 @@ class _Waker:
             _settle(waiter, fut)
 
 
-def _settle(waiter: asyncio.Future[object], fut: Future[object]) -> None:
+def _settle(waiter: asyncio.Future[T], fut: Future[T]) -> None:
     if waiter.done():
         return
     exc = fut.exception()

@@ -54,7 +54,9 @@ if TYPE_CHECKING:
     from .context import RunnerContext
     from .journal import MemorySnapshot
 
-Report = Callable[[int, RecordOutcome | Exception], None]
+# A record's end: its outcome, the exception its actions raised, or CancelledError (its
+# action was cancelled: abandoned like a drained record, never committed).
+Report = Callable[[int, RecordOutcome | Exception | asyncio.CancelledError], None]
 # Every 16 actions started or resumed, delivery reports that are due are served (where
 # the loop serves them, see ackfuture.serve_due); a mask, as the check runs per record.
 _SERVE_EVERY = 15

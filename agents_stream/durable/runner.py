@@ -165,7 +165,7 @@ class ActionRunner:
     async def run_batch(
         self,
         records: Sequence[RecordInput],
-        report: Callable[[int, RecordOutcome | Exception], None],
+        report: Callable[[int, RecordOutcome | Exception | asyncio.CancelledError], None],
         released: Callable[[list[int]], None] | None = None,
         finished: Callable[[list[tuple[int, RecordOutcome]]], None] | None = None,
     ) -> None:

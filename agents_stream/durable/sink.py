@@ -40,9 +40,16 @@ class OutputSink(Protocol):
         log); False: it always answers [] and is not asked.
     """
 
-    threadsafe: bool
-    takes_stored: bool
-    finds_outputs: bool
+    # Read-only: a sink may derive them (an output sink finds outputs when it has an
+    # output log).
+    @property
+    def threadsafe(self) -> bool: ...
+
+    @property
+    def takes_stored(self) -> bool: ...
+
+    @property
+    def finds_outputs(self) -> bool: ...
 
     def send(
         self,

@@ -166,8 +166,7 @@ class DurableHost:
                 )
                 self._output_logs.append(found)
                 if isinstance(store, KafkaActionStateStore):
-                    # A partition's previous owner may have sent outputs since the read.
-                    store.on_assign.append(lambda _, log=found: log.mark_stale())
+                    store.on_assign.append(found.stale_on_assign)
                 sink = KafkaOutputSink(
                     outputs,
                     spec.output,

@@ -97,6 +97,11 @@ class OutputLog:
         """Outputs may have been appended that matter (partitions were assigned)."""
         self._stale = True
 
+    def stale_on_assign(self, partitions: list[int]) -> None:
+        """The store's assignment hook: a partition's previous owner may have sent
+        outputs since the last read."""
+        self._stale = True
+
     def landed(self, done: ActionDone, indexes: Sequence[int]) -> list[int]:
         """Those of ``indexes`` (indexes of ``done``'s outputs) whose output is in the
         topic (see the module doc for how far it looks)."""

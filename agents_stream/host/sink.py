@@ -50,6 +50,7 @@ class KafkaOutputSink(Sink):
         self._codec = codec
         self._origin = origin
         self.output_log = output_log
+        self.finds_outputs = output_log is not None
         # The default topic codec writes what the journal already holds for a plain
         # value: take those bytes rather than encode the value twice.
         self._reuse = type(codec) is JsonValueCodec
@@ -75,10 +76,6 @@ class KafkaOutputSink(Sink):
         record = self._record(key, values, stored, done, indexes)
         return self._resend_refused(_blamed(self._send(record), [record]), [record])
 
-    @property
-    def finds_outputs(self) -> bool:  # type: ignore[override]
-        return self.output_log is not None
-
     def send_batch(self, outputs: Sequence[SinkItem]) -> Future[None]:
         """Outputs of many input records (a batch's finished actions; key, values,
         ``stored`` and, optionally, ``done`` as for :meth:`send`), one future for all. A failure names
@@ -91,9 +88,10 @@ class KafkaOutputSink(Sink):
                 ownership.check_partition(partition, "output")
         records = [self._record(o.key, o.values, o.stored, o.done, None) for o in outputs]
         flat = [(raw_key, p) for raw_key, payloads, _ in records for p in payloads]
-        headers = None
+        headers: list[list[tuple[str, bytes]] | None] | None = None
         if any(each for _, _, each in records):
-            headers = [h for _, out, each in records for h in (each or [None] * len(out))]
+            none: list[list[tuple[str, bytes]] | None] = [None]  # a record without any
+            headers = [h for _, out, each in records for h in (each or none * len(out))]
         try:
             sent = self._producer.send_all(self._topic, flat, headers=headers)
         except RecordRefusedError:
@@ -226,7 +224,12 @@ class _Retries:
     def _settled(self, position: int, before: set[int], sent: list[int], fut: Future[None]) -> None:
         exc = fut.exception()
         if exc is not None:
-            self.failed[position] = exc.failed[0] if isinstance(exc, PartialSendError) else exc
+            if isinstance(exc, PartialSendError):
+                self.failed[position] = exc.failed[0]
+            elif isinstance(exc, Exception):
+                self.failed[position] = exc
+            else:  # cancelled: the send's outcome is unknown
+                self.failed[position] = KafkaIOError(f"output send {type(exc).__name__}")
             now = exc.landed.get(0, ()) if isinstance(exc, PartialSendError) else ()
             reached = sorted(before | {sent[i] for i in now})
             if reached:
@@ -251,7 +254,7 @@ def _blamed(sent: Future[None], records: list[_Record]) -> Future[None]:
         # differ, so equal pairs are outputs of one record, and which of them is counted
         # as lost changes neither what is resent nor its bytes.
         lost = Counter(exc.lost)
-        failed: dict[int, KafkaIOError] = {}
+        failed: dict[int, Exception] = {}
         landed: dict[int, tuple[int, ...]] = {}
         for position, (raw_key, payloads, _) in enumerate(records):
             kept = []

@@ -234,7 +234,7 @@ class AckingProducer:
         self._last_round = time.monotonic()
         self._in_round = True
         try:
-            served = self._producer.poll(timeout)
+            served: int = self._producer.poll(timeout)
             self._dispatch()
         finally:
             self._in_round = False

@@ -107,11 +107,14 @@ class AgentHost:
                 records.append(record)
                 positions.append(index)
 
-        def report(position: int, outcome: RecordOutcome | Exception) -> None:
+        def report(
+            position: int, outcome: RecordOutcome | Exception | asyncio.CancelledError
+        ) -> None:
             index = positions[position]
             msg, key = items[index]
-            if isinstance(outcome, OwnershipLost):
-                self._abandoned(msg, outcome)
+            if isinstance(outcome, OwnershipLost | asyncio.CancelledError):
+                if isinstance(outcome, OwnershipLost):
+                    self._abandoned(msg, outcome)
                 finish(index, False)  # not finished: never committed, replayed elsewhere
             elif isinstance(outcome, RecordOutcome):
                 self._finished(msg, records[position], outcome)

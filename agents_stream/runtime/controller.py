@@ -42,16 +42,17 @@ import heapq
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Coroutine, Hashable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, final
 
 from ..durable.ownership import OwnershipLost
 from .epochs import Epoch, EpochManager, EpochMode
 
 log = logging.getLogger("agents_stream.runtime")
 
-Work = Callable[[], Awaitable[None]]
+Work = Callable[[], Coroutine[Any, Any, None]]
 
 
 class BatchFinish(Protocol):
@@ -69,9 +70,10 @@ class BatchFinish(Protocol):
 
 
 # Runs the payloads of one lane's batch, reporting each record's end to the finish hook.
-BatchRun = Callable[[list[Any], BatchFinish], Awaitable[None]]
+BatchRun = Callable[[list[Any], BatchFinish], Coroutine[Any, Any, None]]
 
 
+@final
 class Batched:
     """Work the controller may run together with other records of ``lane``: the lane's
     records started in one loop iteration go to one call of ``run``."""
@@ -288,7 +290,7 @@ class ExecutionController:
                 self._batching = True
                 asyncio.get_running_loop().call_soon(self._start_batches)
             return
-        task = asyncio.get_running_loop().create_task(work())  # type: ignore[operator]
+        task = asyncio.get_running_loop().create_task(work())
         self._running[task] = head
         task.add_done_callback(self._finished)
 
@@ -430,7 +432,9 @@ class ExecutionController:
         while self._in_flight or self._waiting:
             await self._idle.wait()  # re-checked: a watermark may have submitted more
 
-    async def drain(self, groups: set[Hashable] | None = None, timeout: float = 10.0) -> int:
+    async def drain(
+        self, groups: AbstractSet[Hashable] | None = None, timeout: float = 10.0
+    ) -> int:
         """Stop the work of ``groups`` (all when None) and return once none of it runs.
 
         Steps: (1) refuse records of ``groups`` submitted from now on (a record that

@@ -131,9 +131,9 @@ class Worker(CommitProtocol, Rebalancing):
         self._kafka = ThreadPoolExecutor(1, thread_name_prefix="agents-stream-kafka")
         self._pool = CodeBlockPool(code_block_threads or app.code_block_threads)
         self._owned: set[tuple[str, int]] = set()
-        self._state_refs: dict[int, int] = defaultdict(int)
+        self._state_refs: defaultdict[int, int] = defaultdict(int)
         # Finished, not yet committed records per partition: a heap by offset.
-        self._finished: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
+        self._finished: defaultdict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
         # Completed-through markers (host/progress.py) and the group commit (commit.py),
         # built in _setup once the store and the consumer exist.
         self.progress: CompletedThrough | None = None
@@ -150,7 +150,7 @@ class Worker(CommitProtocol, Rebalancing):
         self._reset_earliest = True  # auto.offset.reset is earliest (set in _setup)
         self._gaps_real: dict[tuple[str, int], int] = {}
         self._rebalances = 0  # bumped by the rebalance callbacks (Kafka thread)
-        self.stats: dict[str, int] = defaultdict(int)
+        self.stats: defaultdict[str, int] = defaultdict(int)
         self.timers = TimerService()
         self._timer_topics: dict[str, str] = {}  # agent name -> its input topic
         self._arm_at: dict[tuple[str, int], int] = {}  # held partition -> input end offset
@@ -475,10 +475,10 @@ class Worker(CommitProtocol, Rebalancing):
         self._last_poll = time.monotonic()
         if self._unconfirmed and self._last_poll >= self._verify_at:
             self._confirm()  # partitions released after a freeze: still this member's?
-        msgs = consumer.consume(most, 0)
+        msgs: list[Message] = consumer.consume(most, 0)
         if msgs or most <= 1:
             return msgs or consumer.consume(1, CONSUME_WAIT)
-        first = consumer.consume(1, CONSUME_WAIT)
+        first: list[Message] = consumer.consume(1, CONSUME_WAIT)
         return first + consumer.consume(most - 1, 0) if first else first
 
     def _pause(self, pause: bool) -> None:

@@ -98,7 +98,12 @@ class Rebalancing:
     if TYPE_CHECKING:  # provided by the other units of the worker
 
         def _load_timers(
-            self, topic: str, partition: int, timers: list[TimerEntry], arm_at: int | None
+            self,
+            topic: str,
+            partition: int,
+            timers: list[TimerEntry],
+            arm_at: int | None,
+            committed: int = -1,
         ) -> None: ...
 
         def _group_commit(

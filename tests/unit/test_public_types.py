@@ -1,4 +1,5 @@
-"""The public API type-checks strictly, and ctx.execute returns fn's type (mypy)."""
+"""The package type-checks strictly (mypy --strict over agents_stream), and
+ctx.execute returns fn's type."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_mypy_strict_on_the_public_api():
+def test_mypy_strict_over_the_package():
     pytest.importorskip("mypy")
     # Files and strictness come from [tool.mypy] in pyproject.toml (what `make lint` runs).
     done = subprocess.run(
