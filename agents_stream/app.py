@@ -110,8 +110,8 @@ class App:
             ``read_committed`` reader sees every output once. Needs Apache Kafka (or a
             broker with isolating transactions; the embedded broker is refused);
             journaled calls are acknowledged before the action goes on either way.
-        output_scan_window: a worker that recovers an action unmarked (a worker died
-            after its outputs were acked, before the emitted marker was) looks its
+        output_scan_window: a worker that recovers a finished action not marked emitted
+            (a worker died after its outputs were acked, before its commit) looks its
             outputs up in the output topic and sends only those not there: from when it
             finished to the end of the topic if that was within this many seconds, else
             up to two producer delivery timeouts after it finished. 0: no lookup, every

@@ -116,6 +116,11 @@ class ActionRunner:
             run's identity (two topics' records at one partition/offset never share
             ActionStates). Timer firings stay topic-less: a timer belongs to its key and
             agent, not to an input.
+        emitted_markers: once an action's outputs are acked, rewrite its ActionDone
+            with ``emitted=True`` (see :meth:`send_outputs`). A host whose sink finds
+            outputs in the topic may turn them off: a record's ActionDone lives only
+            until the commit that passes it prunes it, and in that window the lookup
+            answers what the marker would (the exactly-once mode writes none either).
     """
 
     def __init__(
@@ -127,6 +132,7 @@ class ActionRunner:
         *,
         on_timers: TimersHook | None = None,
         topic: str = "",
+        emitted_markers: bool = True,
     ) -> None:
         self.agent = agent
         self.topic = topic
@@ -137,6 +143,7 @@ class ActionRunner:
         # Whether the sink may take the journaled bytes of the outputs (see OutputSink).
         self.sends_stored = type(config.codec) is JsonCodec and self.sink.takes_stored
         self.on_timers = on_timers
+        self.emitted_markers = emitted_markers
         self._actions = agent.actions()
         # The batch path (durable/batch.py) runs the first action of many records
         # together when the input has exactly one listener.
@@ -393,7 +400,9 @@ class ActionRunner:
                 for done, values in sends
             ]
         )
-        sent.add_done_callback(partial(self._mark_emitted, [done for done, _ in sends], partition))
+        if self.emitted_markers:
+            dones = [done for done, _ in sends]
+            sent.add_done_callback(partial(self._mark_emitted, dones, partition))
         return sent
 
     def _send(self, done: ActionDone, values: list[Any]) -> Future[None]:

@@ -88,6 +88,10 @@ class DurableHost:
             :attr:`transactions`, a transactional producer whose transaction the host
             commits with its offsets (``kafka/transactions.py``); journaled calls stay
             on :attr:`producer`.
+        emitted_markers: False: no emitted marker where an agent's sink finds outputs
+            in its topic (``ActionRunner``): one journal write fewer per record; a
+            recovered ActionDone of the last commit interval is looked up instead. The
+            worker turns them off; the Faust host and backfill keep them.
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class DurableHost:
         cancel: threading.Event | None = None,
         ownership: Ownership | None = None,
         transactions: bool = False,
+        emitted_markers: bool = True,
     ) -> None:
         self.app = app
         self.bootstrap = bootstrap
@@ -176,7 +181,16 @@ class DurableHost:
                     ownership=ownership,
                 )
             runner = ActionRunner(
-                spec.agent, store, self.context, sink, on_timers=on_timers, topic=spec.input
+                spec.agent,
+                store,
+                self.context,
+                sink,
+                on_timers=on_timers,
+                topic=spec.input,
+                # Not where the sink looks outputs up (the marker would only save that
+                # lookup), nor in a transaction (outputs commit with their ActionDone).
+                emitted_markers=self.transactions is None
+                and (emitted_markers or sink is None or not sink.finds_outputs),
             )
             self.bindings[spec.input] = Binding(
                 spec, runner, self._codec(spec.input_schema, spec.input), out_codec

@@ -1,9 +1,10 @@
 """Outputs already in the output topic, for actions whose emitted marker is missing.
 
-An action's outputs are sent once its ActionDone is acked; once they are acked, a marker
-(the ActionDone with ``emitted=True``) is written without waiting for it. A worker that
-dies between the two leaves an ActionDone that is not marked, and the next owner would
-send its outputs again. So every output carries its identity in the header
+An action's outputs are sent once its ActionDone is acked. The worker writes no marker
+after them (the Faust host and backfill write the ActionDone again with ``emitted=True``,
+without waiting for it): a worker that dies after the outputs' ack, before the commit
+that prunes the record's journal, leaves an ActionDone that is not marked, and the next
+owner would send its outputs again. So every output carries its identity in the header
 ``x-agents-stream-output`` (app id, input topic, partition, offset, action, when the
 action finished, and the output's index: a record that reuses an offset of a recreated
 topic cannot match), and a worker recovering such an ActionDone reads the output topic from

@@ -50,7 +50,8 @@ class KafkaOutputSink(Sink):
         self._codec = codec
         self._origin = origin
         self.output_log = output_log
-        self.finds_outputs = output_log is not None
+        # A window of 0 turns the lookup off: then nothing is ever found.
+        self.finds_outputs = output_log is not None and output_log.window_ms > 0
         # The default topic codec writes what the journal already holds for a plain
         # value: take those bytes rather than encode the value twice.
         self._reuse = type(codec) is JsonValueCodec

@@ -249,6 +249,7 @@ class Worker(CommitProtocol, Rebalancing):
             cancel=self._cancel,
             ownership=self.ownership,
             transactions=app.exactly_once,
+            emitted_markers=False,
         )
         assert self.kit.producer is not None and self.kit.dlq is not None
         self.producer = self.kit.producer
