@@ -153,13 +153,16 @@ class RecordBatch:
             self._alone(index, record)
             return
         store = runner.store
-        ref = store.resolve(
-            ActionRef(record.key, record.seq, f"{spec.name}#0", record.partition, runner.topic)
-        )
-        if store.done(ref) is not None:  # recovery: the per-record path replays it
-            self._alone(index, record)
-            return
-        ctx, snapshot, base = runner.context(ref, None, record.keyless)
+        ref = ActionRef(record.key, record.seq, f"{spec.name}#0", record.partition, runner.topic)
+        # A record without journal entries runs without reading the journal; one with
+        # them (recovery) first asks whether its first action is done already.
+        fresh = store.fresh(record.key, record.seq, record.partition)
+        if not fresh:
+            ref = store.resolve(ref)
+            if store.done(ref) is not None:  # recovery: the per-record path replays it
+                self._alone(index, record)
+                return
+        ctx, snapshot, base = runner.context(ref, None, record.keyless, fresh=fresh)
         event = input_event(record)
         if spec.is_async:
             # Its own task, as on the per-record path: asyncio.timeout(), TaskGroups and

@@ -251,12 +251,14 @@ class RunnerContext:
         memory_base: dict[str, bytes] | Callable[[], dict[str, bytes]],
         *,
         firing: tuple[str, int] | None = None,
+        fresh: bool = False,
     ) -> None:
         self.ref = ref
         self.key = ref.key
         self._store = store
         self._config = config
-        self._slots: dict[int, CallEntry] | None = None  # read on the first call
+        # Read on the first call; known empty for a record the store says is fresh.
+        self._slots: dict[int, CallEntry] | None = {} if fresh else None
         self._resolved: set[int] = set()  # slots this run replayed or (re)wrote
         self._next_index = 0
         # Memory and timers are built when the action first touches them: most actions

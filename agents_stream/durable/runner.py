@@ -314,10 +314,17 @@ class ActionRunner:
         return done
 
     def context(
-        self, ref: ActionRef, firing: tuple[str, int] | None, keyless: bool
+        self,
+        ref: ActionRef,
+        firing: tuple[str, int] | None,
+        keyless: bool,
+        *,
+        fresh: bool = False,
     ) -> tuple[RunnerContext, Callable[[], MemorySnapshot | None], Callable[[], dict[str, bytes]]]:
         """A context for one action run, with the key's snapshot read when the action
-        first touches memory (or when its effects are written), not for every action."""
+        first touches memory (or when its effects are written), not for every action.
+        ``fresh``: the store said the record has no journal entry (``store.fresh``), so
+        its calls are not looked up."""
         memo: list[MemorySnapshot | None] = []
 
         def snapshot() -> MemorySnapshot | None:
@@ -329,7 +336,7 @@ class ActionRunner:
             found = snapshot()
             return dict(found.values) if found else {}
 
-        ctx = RunnerContext(ref, self.store, self.config, base, firing=firing)
+        ctx = RunnerContext(ref, self.store, self.config, base, firing=firing, fresh=fresh)
         if keyless:  # no memory and no timers: both are per key
             topic = ref.topic or self.topic
             error = lambda: KeylessRecordError(topic, ref.partition, ref.seq)  # noqa: E731

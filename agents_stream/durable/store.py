@@ -113,6 +113,13 @@ class ActionStateStore(ABC):
         once all are durable. Order holds on the log: a durable entry implies every
         earlier one of the same call is durable."""
 
+    def fresh(self, key: str, seq: int, partition: int) -> bool:
+        """True when input record ``(key, seq)`` of ``partition`` is known to have no
+        journal entry at all (no call, ActionDone or truncation of any action): it runs
+        without reading the journal. False when it has one, or when the store cannot
+        tell cheaply: the record then takes the recovery branch, which reads it."""
+        return False
+
     def note(self, entries: Sequence[JournalEntry | Tombstone], partition: int) -> None:
         """Append entries whose acks nobody waits for (emitted markers): a store may
         track only the group, not each entry (see ``AckingProducer.send_untracked``)."""

@@ -51,6 +51,7 @@ LEGACY_KEY = b"\x00legacy"
 UNCOMMITTED_KEY = b"\x00uncommitted"
 _RECORD_KINDS = frozenset(b"cat")  # first byte of call, done and truncation keys
 _SEP = b"\x1f"
+_SEP_STR = "\x1f"
 _RECORD_HEADS = (b"c" + _SEP, b"a" + _SEP, b"t" + _SEP)  # call, done, truncation keys
 # Input records with live entries indexed per partition (~450 bytes each): the records
 # in flight plus those finished since the last commit's pruning; 20k was passed by one
@@ -192,6 +193,17 @@ class PartitionCache:
             return True
         # A snapshot: the producer's thread may change the set meanwhile.
         return any(k.startswith(prefix) for k in tuple(found))
+
+    def holds_nothing_of(self, key: str, seq: int) -> bool:
+        """True when the live-entry index is loaded and has no entry of input record
+        ``(key, seq)`` (of any topic or layout): an acked entry is indexed before its
+        ack resolves, so what is not there was never written or is pruned. False
+        without an index, and for a key containing the separator (its record id would
+        not parse back the same way)."""
+        live = self._slots
+        if live is None or _SEP_STR in key:
+            return False
+        return f"{key}\x1f{seq}\x1f".encode() not in live
 
     def record_keys(
         self, records: Sequence[tuple[int, str]], topic: str, *, legacy: bool = False

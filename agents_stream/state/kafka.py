@@ -180,6 +180,10 @@ class KafkaActionStateStore(ActionStateStore):
         return cache
 
     # -- reads --------------------------------------------------------------------------
+    def fresh(self, key: str, seq: int, partition: int) -> bool:
+        cache = self._caches.get(partition)
+        return cache is not None and cache.holds_nothing_of(key, seq)
+
     def resolve(self, ref: ActionRef) -> ActionRef:
         cache = self._caches.get(ref.partition)
         if cache is not None and not cache.has_legacy:

@@ -150,6 +150,16 @@ def test_the_live_entry_index_agrees_with_rocksdb(
             assert c.keys_under(group) == [k for p in sorted(group) for k, _ in c.rocksdb_scan(p)]
 
     def check_pruning(c: PartitionCache) -> None:
+        # "Nothing of this record" (a fresh record runs without reading the journal) is
+        # never said of a record with a live call, done or truncation entry, of any
+        # topic or layout; with an index it is said of every other record.
+        for key, seq in RECORDS:
+            rows = [
+                r
+                for kind in (b"c", b"a", b"t")
+                for r in c.rocksdb_scan(kind + b"\x1f" + key + b"\x1f" + seq + b"\x1f")
+            ]
+            assert c.holds_nothing_of(key.decode(), int(seq)) == (c._slots is not None and not rows)
         # Input records: pruning never sees a timer firing's (negative) seq.
         records = [(int(seq), key.decode()) for key, seq in RECORDS if int(seq) >= 0]
         for topic in ("orders", "refunds"):
@@ -198,6 +208,8 @@ def test_the_index_answers_without_rocksdb_and_says_when_it_is_gone(tmp_path: Pa
     assert cache.may_hold(done) and cache.may_hold(b"c\x1fk\x1f7\x1forders\x1fA.p#1\x1f")
     assert not cache.may_hold(b"a\x1fk\x1f7\x1forders\x1fA.p#10")  # a prefix of it is live
     assert not cache.may_hold(b"c\x1fk\x1f7\x1forders\x1fA.p#0\x1f")
+    assert not cache.holds_nothing_of("k", 7) and cache.holds_nothing_of("k", 8)
+    assert not cache.holds_nothing_of("k\x1f7", 8)  # its record id would not parse back
     assert not cache.may_hold(b"a\x1fk\x1f8\x1forders\x1fA.p#1")
     assert cache.may_hold(b"c\x1f")  # names no record: RocksDB answers
     cache.apply([(done, None)], 2, replay=True)
