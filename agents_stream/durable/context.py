@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
+from types import FunctionType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from ..agent import learn_calls_sync
@@ -95,6 +96,9 @@ _IN_CODE_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 _CONTEXT_LOCK = threading.Lock()
+# Plain function -> (function id, target, shape, is a coroutine function): what
+# ``_describe`` works out of a code block's function, once per function.
+_PLANS: dict[Any, tuple[str, Callable[..., Any], CallShape, bool]] = {}
 
 # Async actions are tasks of their own: under load one loop round resumes hundreds of
 # them, each journaling its next call, and the reports that come back meanwhile waited
@@ -641,25 +645,36 @@ class RunnerContext:
         """Everything that can be wrong with a call is refused here, before its index is
         taken and before anything is journaled or run."""
         self._guard("execute")  # nested code blocks would journal into the outer slot
-        if isinstance(fn, DurableCallable):
+        try:
+            plan = _PLANS.get(fn)
+        except TypeError:  # an unhashable callable object
+            plan = None
+        if plan is not None:
+            fid, target, shape, is_coroutine = plan
+        elif isinstance(fn, DurableCallable):
             if reconciler is None and fn.has_reconciler:
                 reconciler = fn.reconciler
             fid, target = fn.function_id, fn.call
+            shape, is_coroutine = call_shape(target), inspect.iscoroutinefunction(target)
         else:
             fid, target = function_id(fn), fn
-        shape = call_shape(target)
+            shape, is_coroutine = call_shape(target), inspect.iscoroutinefunction(target)
+            if type(fn) is FunctionType and fn.__closure__ is None:
+                # A plain function (what code blocks nearly always are): everything
+                # above is fixed for it. Not closures, which are made per record.
+                if len(_PLANS) >= 4096:
+                    _PLANS.clear()
+                _PLANS[fn] = (fid, target, shape, is_coroutine)
         unbound = shape.bind_error(args, kwargs)
         if unbound is not None:
             raise TypeError(
                 f"{fid}{shape.signature} cannot take the arguments given to ctx.execute: "
                 f"{unbound} (nothing was journaled or run)"
             ) from None
-        if sync:
-            for part in (target, reconciler):
-                if part is not None and inspect.iscoroutinefunction(part):
-                    raise TypeError(
-                        f"{fid} is a coroutine function: use `await ctx.execute_async(...)`"
-                    )
+        if sync and (
+            is_coroutine or (reconciler is not None and inspect.iscoroutinefunction(reconciler))
+        ):
+            raise TypeError(f"{fid} is a coroutine function: use `await ctx.execute_async(...)`")
         rec_shape, rec_takes_args = None, False
         if reconciler is not None:
             rec_shape, rec_takes_args = reconciler_form(reconciler, fid, args, kwargs)
