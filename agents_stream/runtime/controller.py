@@ -220,7 +220,7 @@ class ExecutionController:
             epoch = epochs.enter()
         item = _Pending(key, group, work, done, epoch)
         self._idle.clear()
-        drain = self._draining(item)
+        drain = self._draining(item) if self._drains else None
         if drain is not None:
             drain.abandoned += 1
             self._release(item, False, admitted=False)
@@ -237,11 +237,19 @@ class ExecutionController:
         self._unblock()
 
     def _admit(self, item: _Pending) -> None:
-        self._in_flight += 1
-        self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
-        if self._in_flight >= self.max_in_flight:
+        in_flight = self._in_flight = self._in_flight + 1
+        if in_flight > self.peak_in_flight:
+            self.peak_in_flight = in_flight
+        if in_flight >= self.max_in_flight:
             self._capacity.clear()
-        buffer = self._buffers.get(item.key)
+        key = item.key
+        buffer = self._buffers.get(key)
+        if buffer is None and key not in self._busy and not self._strict and not self._drains:
+            # Its key is idle (most records): started at once, no buffer made. While a
+            # drain runs, _pump decides (a waiting record admitted now may be of its
+            # group).
+            self._start(item)
+            return
         if buffer is None:  # not setdefault: that builds a deque per record
             buffer = self._buffers[item.key] = deque()
         # Epoch order first: a timer of an older epoch must not wait behind records that
@@ -269,7 +277,7 @@ class ExecutionController:
                 self._blocked[key] = None
                 return
             buffer.popleft()
-            drain = self._draining(head)
+            drain = self._draining(head) if self._drains else None
             if drain is None:
                 break
             # A drain is under way for its group: abandoned, never started. Releasing
@@ -278,7 +286,11 @@ class ExecutionController:
             # where a record of a drained group could still slip into a batch.
             drain.abandoned += 1
             self._release(head, False)
-        self._busy.add(key)
+        self._start(head)
+
+    def _start(self, head: _Pending) -> None:
+        """Run ``head`` now: its key is free and its epoch allowed (see _pump)."""
+        self._busy.add(head.key)
         work = head.work
         if type(work) is Batched:
             lane = self._ready.get(work.lane)
