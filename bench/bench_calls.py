@@ -7,9 +7,10 @@ start-up, group joins and shutdown cancel out. Every call cProfile sees counts, 
 included.
 
 Counted threads: agents_stream's event loop (actions, group commits, delivery reports
-served between the loop's callbacks) and its Kafka thread (consume, rebalance callbacks);
-not the code-block threads (the user's functions) nor librdkafka's own. Quix Streams
-runs everything on its main thread, all of it counted.
+served between the loop's callbacks), its Kafka thread (consume, rebalance callbacks) and
+its code-block threads (the user's functions, and the journaling of their outcomes that
+runs there); not librdkafka's own. Quix Streams runs everything on its main thread, all
+of it counted.
 
 Budgets of issue 41: no journaled call <= 120 calls per record (Quix with state: ~138),
 each journaled call <= 100 more. ``--breakdown K`` prints, per system, the K functions
@@ -91,8 +92,23 @@ def drain_agents_stream(
                       AS_BENCH_OUTPUT=topic_out, AS_BENCH_APP=f"calls-{tag}")  # fmt: skip
     import bench_e2e
 
+    from agents_stream.durable.pool import CodeBlockPool
     from agents_stream.runtime.worker import Worker
     from bench.e2e.as_app import app
+
+    pool_profiles: list[cProfile.Profile] = []
+    work = CodeBlockPool._work
+
+    def profiled_work(pool: CodeBlockPool) -> None:  # each code-block thread, whole life
+        profile = cProfile.Profile()
+        pool_profiles.append(profile)
+        profile.enable()
+        try:
+            work(pool)
+        finally:
+            profile.disable()
+
+    CodeBlockPool._work = profiled_work  # type: ignore[method-assign]
 
     bench_e2e.fill(bootstrap, topic_in, records)
     with tempfile.TemporaryDirectory() as data:
@@ -103,8 +119,8 @@ def drain_agents_stream(
         loop_profile.enable()
         worker.run()
         loop_profile.disable()
-    # The executor is shut down by then: the Kafka thread's profile stops with it.
-    return [loop_profile, kafka_profile]
+    # The executors are shut down by then: the Kafka and pool threads' profiles stopped.
+    return [loop_profile, kafka_profile, *pool_profiles]
 
 
 def drain_quix(bootstrap: str, records: int, stateful: bool) -> list[cProfile.Profile]:
@@ -226,7 +242,7 @@ def main() -> int:
                 rows_of += [[f"{n:.2f}", part[:-1], f] for f, n in most]
             breakdowns.append((system, rows_of))
     print(f"Python calls per record: (calls over {2 * records:,} - calls over {records:,}) / "
-          f"{records:,}; loop + Kafka threads for agents_stream, the main thread for Quix")  # fmt: skip
+          f"{records:,}; loop, Kafka and code-block threads for agents_stream, the main thread for Quix")  # fmt: skip
     print(table(["system", f"calls, {records:,}", f"calls, {2 * records:,}", "per record",
                  "note"], rows))  # fmt: skip
     base = per.get("agents_stream, sync, 0 calls")
