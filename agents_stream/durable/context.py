@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from ..agent import learn_calls_sync
 from ..events import Event, OutputEvent
-from .ackfuture import AckFuture, serve_due
+from .ackfuture import serve_due
 from .acks import acked
 from .bridge import await_, bridged, stepping
 from .callable import DurableCallable, RetryPolicy
@@ -571,11 +571,6 @@ class RunnerContext:
         flight: Flight,
     ) -> Any:
         """The attempts of a sync call, then its journaled outcome (acked)."""
-        executor = self._config.executor
-        if pooled and call.retry is None and isinstance(executor, CodeBlockPool):
-            return self._pooled_once(
-                executor, index, call, started, attempts, target, args, kwargs, flight
-            )
         tries = 0
         while True:
             tries += 1
@@ -609,74 +604,6 @@ class RunnerContext:
             if refusal is not None:
                 raise refusal
             return result
-
-    def _pooled_once(
-        self,
-        executor: CodeBlockPool,
-        index: int,
-        call: _Call,
-        started: int,
-        attempts: int,
-        target: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        flight: Flight,
-    ) -> Any:
-        """A call of a sync action without retries: the pool thread that runs it also
-        journals its outcome, and the action resumes once, when that is acked (not once
-        for the result and again for the ack: each resumption is a round through the
-        loop)."""
-        acked_outcome: AckFuture[tuple[Any, Exception | None, Exception | None]] = AckFuture()
-        executor.submit(
-            contextvars.copy_context().run,
-            self._run_and_journal,
-            acked_outcome,
-            (index, call, started, attempts + 1),
-            target,
-            args,
-            kwargs,
-            flight,
-        )
-        self._blocks.running += 1  # type: ignore[union-attr]  # made by _flight
-        try:
-            result, refusal, error = await_(acked_outcome)
-        finally:
-            self._blocks.running -= 1  # type: ignore[union-attr]
-        if error is not None:
-            raise error
-        if refusal is not None:
-            raise refusal
-        return result
-
-    def _run_and_journal(
-        self,
-        acked_outcome: AckFuture[tuple[Any, Exception | None, Exception | None]],
-        slot: tuple[int, _Call, int, int],
-        target: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        flight: Flight,
-    ) -> None:
-        """On a pool thread: run the call, append its outcome (the result, the library
-        error refusing it, or the exception it raised), and settle ``acked_outcome``
-        with ``(result, refusal, error)`` once the entry is acked."""
-        index, call, started, attempts = slot
-        try:
-            try:
-                result = _run_guarded(target, args, kwargs, flight)
-            except OwnershipLost:
-                raise  # not the call's outcome: nothing journaled, the next owner runs it
-            except Exception as exc:
-                entry = self._failed(index, call, started, exc, attempts)
-                outcome: tuple[Any, Exception | None, Exception | None] = (None, None, exc)
-            else:
-                entry, refusal = self._outcome(index, call, started, result, attempts)
-                outcome = (result, refusal, None)
-            appended = self._append(entry)
-        except BaseException as exc:  # e.g. OwnershipLost, a refused append: the action's
-            acked_outcome.set_exception(exc)
-            return
-        appended.add_done_callback(partial(_settle_outcome, acked_outcome, outcome))
 
     def _in_pool(
         self,
@@ -939,15 +866,3 @@ def _matches(slot: CallEntry, call: _Call) -> bool:
         return slot.args_digest == legacy_args_digest(call.args, call.kwargs)
     except (TypeError, ValueError, RecursionError):  # not digestible then: not that call
         return False
-
-
-def _settle_outcome(
-    acked_outcome: AckFuture[tuple[Any, Exception | None, Exception | None]],
-    outcome: tuple[Any, Exception | None, Exception | None],
-    appended: Future[None],
-) -> None:
-    error = appended.exception()
-    if error is not None:
-        acked_outcome.set_exception(error)
-    else:
-        acked_outcome.set_result(outcome)
