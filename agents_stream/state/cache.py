@@ -218,7 +218,10 @@ class PartitionCache:
         out: list[bytes] = []
         for seq, key in records:
             tail = f"\x1f{key}\x1f{seq}\x1f".encode()
-            found = live.get(_record_of(b"c" + tail))  # type: ignore[arg-type]
+            # The record id is the tail without its first separator, unless the key
+            # holds one: then it is what parsing a key of the record gives.
+            record = tail[1:] if _SEP_STR not in key else _record_of(b"c" + tail)
+            found = live.get(record)  # type: ignore[arg-type]
             if not found:
                 continue
             v5 = tail + topic.encode() + b"\x1f"
