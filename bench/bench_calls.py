@@ -108,7 +108,7 @@ def drain_agents_stream(
         finally:
             profile.disable()
 
-    CodeBlockPool._work = profiled_work  # type: ignore[method-assign]
+    CodeBlockPool._work = profiled_work  # type: ignore[method-assign, assignment]
 
     bench_e2e.fill(bootstrap, topic_in, records)
     with tempfile.TemporaryDirectory() as data:
