@@ -80,6 +80,9 @@ class RecordInput:
     headers: dict[str, bytes] = field(default_factory=dict)
     # No record key (``key`` is ""): independent of other keyless records, no memory.
     keyless: bool = False
+    # What the host made this from (the worker's consumer record), handed back with its
+    # report; the durable path never reads it.
+    source: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -145,7 +148,7 @@ class ActionRunner:
         self.on_timers = on_timers
         self.emitted_markers = emitted_markers
         self._actions = agent.actions()
-        # The batch path (durable/batch.py) runs the first action of many records
+        # The lane (durable/lane.py) runs the first action of many records
         # together when the input has exactly one listener.
         first = [a for a in self._actions if issubclass(InputEvent, a.listens)]
         self.batch_spec: ActionSpec | None = first[0] if len(first) == 1 else None
@@ -180,15 +183,15 @@ class ActionRunner:
         one's outcome (or the exception its actions raised) by index as soon as it is
         finished: actions done, journal and outputs acked. Same effects as :meth:`run`
         per record; the journal appends and ack waits of records that finish together
-        are shared (see ``durable/batch.py``). ``released(indices)``, if given, is called
+        are shared (see ``durable/lane.py``). ``released(indices)``, if given, is called
         before their reports once the next record of each record's key may start (its
         ActionDone acked, its outputs sent, nothing left that a later record of the key
         could reorder or change). ``finished(pairs)``, if given, reports the records of
         one group commit that finished (index, outcome) in one call instead of
         ``report`` per record; failures always go to ``report``."""
-        from .batch import RecordBatch  # the batch path imports this module
+        from .lane import run_records  # the lane imports this module
 
-        await RecordBatch(self, records, report, released, finished).run()
+        await run_records(self, records, report, released, finished)
 
     async def continue_record(
         self, record: RecordInput, events: list[Event], outcome: RecordOutcome

@@ -8,8 +8,12 @@ exception is logged once (topic, partition, offset, key), then the record goes t
 ``<input>-dlq`` (stage ``action``) and processing goes on (``App(on_error="dlq")``), or
 the worker stops (``on_error="fail"``).
 
-``handle`` returns only when the record is finished (actions done, outputs and journal
-acked, or the dead letter acked): the worker commits offsets on that signal.
+The worker decodes a record with :meth:`AgentHost.prepare` as it dispatches it, and
+submits it to the execution controller on its partition's lane (:meth:`AgentHost.lane`,
+a :class:`~agents_stream.durable.lane.RecordLane`). The lane reports each record here
+(:class:`PartitionLane`), where the error policy and the counts are applied, and this
+reports it finished to the controller only when it is (actions done, outputs and
+journal acked, or the dead letter acked): the worker commits offsets on that signal.
 """
 
 from __future__ import annotations
@@ -19,19 +23,20 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from confluent_kafka import Message
 
 from ..app import AgentBinding
 from ..durable.acks import acked
 from ..durable.journal import TimerEntry
+from ..durable.lane import Ended, RecordLane
 from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.dlq import REPLAY_HEADER, DeadLetters, original_identity
 from ..host.policy import judge, record_where
 from ..host.progress import KeptJournals
-from .controller import BatchFinish
+from .controller import Admitted, ExecutionController
 from .logs import record_fields
 
 log = logging.getLogger("agents_stream.worker")
@@ -48,6 +53,7 @@ class AgentHost:
         on_error: Literal["dlq", "fail"],
         stats: MutableMapping[str, int],
         on_fatal: Callable[[BaseException], None],
+        controller: ExecutionController,
     ) -> None:
         self.binding = binding
         self.runner = runner
@@ -60,111 +66,25 @@ class AgentHost:
         self.counts: dict[str, int] = defaultdict(int)
         self.kept = KeptJournals()
         self._tombstones_seen: set[int] = set()  # partitions whose first one was logged
+        self.controller = controller
+        self._lanes: dict[int, PartitionLane] = {}
 
     @property
     def name(self) -> str:
         return self.binding.name
 
-    async def handle(self, msg: Message, key: str) -> None:
-        """Process one record to its end (see :meth:`handle_batch` for many)."""
-        record = self._prepare(msg, key)
-        if record is None:
-            return
-        if isinstance(record, Exception):
-            await self._dead_letter(msg, "decode", record)
-            return
-        try:
-            outcome: RecordOutcome | Exception = await self.runner.run(record)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            outcome = exc
-        await self._conclude(msg, key, record, outcome)
+    def lane(self, partition: int) -> PartitionLane:
+        """Where the records of ``partition`` run (a new lane once a drain stopped the
+        previous one)."""
+        lane = self._lanes.get(partition)
+        if lane is None or lane.stopped:
+            lane = self._lanes[partition] = PartitionLane(self)
+        return lane
 
-    async def handle_batch(self, items: list[tuple[Message, str]], finish: BatchFinish) -> None:
-        """Process records of one partition with distinct keys together (the runner's
-        batch path); ``finish(i, True)`` as soon as record ``i`` is finished, as
-        :meth:`handle` returning would say. A record the error policy stops on is
-        reported ``False`` (not finished: never committed). ``finish.release_many(ids)``
-        is called once those records' keys may run their next record;
-        ``finish.many(ids, True)`` reports records finished together."""
-        records: list[RecordInput] = []
-        positions: list[int] = []
-        tails: set[asyncio.Future[None]] = set()  # dead letters being acked
-
-        def later(index: int, coro: Awaitable[None]) -> None:
-            task = asyncio.ensure_future(coro)
-            tails.add(task)
-            task.add_done_callback(partial(self._tail_done, tails, finish, index))
-
-        for index, (msg, key) in enumerate(items):
-            record = self._prepare(msg, key)
-            if record is None:
-                finish(index, True)
-            elif isinstance(record, Exception):
-                later(index, self._dead_letter(msg, "decode", record))
-            else:
-                records.append(record)
-                positions.append(index)
-
-        def report(
-            position: int, outcome: RecordOutcome | Exception | asyncio.CancelledError
-        ) -> None:
-            index = positions[position]
-            msg, key = items[index]
-            if isinstance(outcome, OwnershipLost | asyncio.CancelledError):
-                if isinstance(outcome, OwnershipLost):
-                    self._abandoned(msg, outcome)
-                finish(index, False)  # not finished: never committed, replayed elsewhere
-            elif isinstance(outcome, RecordOutcome):
-                self._finished(msg, records[position], outcome)
-                finish(index, True)
-            else:
-                later(index, self._conclude(msg, key, records[position], outcome))
-
-        def finished(pairs: list[tuple[int, RecordOutcome]]) -> None:
-            """The records of one group commit, finished: counted, then reported to the
-            controller in one call."""
-            done = []
-            for position, outcome in pairs:
-                index = positions[position]
-                self._finished(items[index][0], records[position], outcome)
-                done.append(index)
-            finish.many(done, True)
-
-        def released(found: list[int]) -> None:
-            finish.release_many([positions[position] for position in found])
-
-        # A key's next record may start once this one's ActionDone is acked and its
-        # outputs are sent, before they are acked. If they then fail, the record is dead-
-        # lettered and the next one's outputs follow, as when it ran after the failure.
-        # Not with on_error="fail": the worker stops and replays the failed outputs on
-        # restart, after the next record's, which could be out by then.
-        release_early = self._on_error != "fail"
-        try:
-            if records:
-                await self.runner.run_batch(
-                    records, report, released if release_early else None, finished
-                )
-            while tails:
-                await asyncio.wait(list(tails))
-        finally:
-            for task in tails:
-                task.cancel()
-
-    @staticmethod
-    def _tail_done(
-        tails: set[asyncio.Future[None]],
-        finish: BatchFinish,
-        index: int,
-        task: asyncio.Future[None],
-    ) -> None:
-        tails.discard(task)
-        finish(index, not task.cancelled() and task.exception() is None)
-
-    def _prepare(self, msg: Message, key: str) -> RecordInput | Exception | None:
-        """The record's runner input; None when it is finished already (a skipped
-        tombstone), an exception when it cannot be decoded (it goes to the DLQ)."""
+    def prepare(self, msg: Message, key: str) -> RecordInput | Exception | None:
+        """The record's runner input (``source`` is ``msg``); None when it is finished
+        already (a skipped tombstone), an exception when it cannot be decoded (it goes
+        to the DLQ: :meth:`dead_letter`)."""
         self.counts["in"] += 1
         raw = msg.value()
         if raw is None:
@@ -196,6 +116,7 @@ class AgentHost:
             timestamp=msg.timestamp()[1],
             headers=headers,
             keyless=msg.key() is None,
+            source=msg,
         )
 
     async def _conclude(
@@ -221,7 +142,7 @@ class AgentHost:
             if verdict.stops:
                 self._on_fatal(outcome)
                 raise outcome
-            await self._dead_letter(msg, "action", outcome)
+            await self.dead_letter(msg, "action", outcome)
             return
         self._finished(msg, record, outcome)
 
@@ -319,8 +240,77 @@ class AgentHost:
             self._stats["outputs_found"] += outcome.outputs_found
             self._stats["outputs_resent"] += outcome.outputs_resent
 
-    async def _dead_letter(self, msg: Message, stage: str, exc: BaseException) -> None:
+    async def dead_letter(self, msg: Message, stage: str, exc: BaseException) -> None:
+        """Send ``msg`` to its dead-letter topic and return once that is acked."""
         self._stats["dlq"] += 1
         self.counts[f"failed:{stage}"] += 1
         await acked(self._dlq.send(msg, stage, exc))
         self.kept.add((msg.partition(), msg.offset()))
+
+
+class PartitionLane:
+    """One partition's lane of an agent: runs the records the controller starts on a
+    :class:`RecordLane` and reports them back, finished or not, after the error policy.
+
+    A failed record is concluded on a task of its own (its dead letter acked, or the
+    worker stopped) before it is reported; :meth:`stop` cancels those too."""
+
+    def __init__(self, host: AgentHost) -> None:
+        self._host = host
+        self._controller = host.controller
+        # A key's next record may start once this one's ActionDone is acked and its
+        # outputs are sent, before they are acked. If they then fail, the record is dead-
+        # lettered and the next one's outputs follow, as when it ran after the failure.
+        # Not with on_error="fail": the worker stops and replays the failed outputs on
+        # restart, after the next record's, which could be out by then.
+        self._lane: RecordLane[Admitted] = RecordLane(
+            host.runner, self, release_early=host._on_error != "fail"
+        )
+        self._tails: set[asyncio.Future[None]] = set()  # failed records being concluded
+
+    @property
+    def stopped(self) -> bool:
+        return self._lane.stopped
+
+    def start(self, records: list[Admitted]) -> None:
+        self._lane.start(records)
+
+    async def stop(self) -> None:
+        await self._lane.stop()
+        tails = self._tails
+        for task in tails:
+            task.cancel()
+        while tails:
+            await asyncio.wait(list(tails))
+
+    # -- LaneReports ----------------------------------------------------------------------
+    def report(self, ticket: Admitted, outcome: Ended) -> None:
+        record = cast(RecordInput, ticket.payload)
+        msg = cast(Message, record.source)
+        if isinstance(outcome, RecordOutcome):
+            self._host._finished(msg, record, outcome)
+            self._controller.finished([ticket], True)
+        elif isinstance(outcome, OwnershipLost | asyncio.CancelledError):
+            if isinstance(outcome, OwnershipLost):
+                self._host._abandoned(msg, outcome)
+            self._controller.finished([ticket], False)  # never committed: replayed elsewhere
+        else:
+            task = asyncio.ensure_future(self._host._conclude(msg, record.key, record, outcome))
+            self._tails.add(task)
+            task.add_done_callback(partial(self._concluded, ticket))
+
+    def _concluded(self, ticket: Admitted, task: asyncio.Future[None]) -> None:
+        self._tails.discard(task)
+        self._controller.finished([ticket], not task.cancelled() and task.exception() is None)
+
+    def finished(self, done: list[tuple[Admitted, RecordOutcome]]) -> None:
+        """The records of one group commit, finished: counted, then reported to the
+        controller in one call."""
+        host = self._host
+        for ticket, outcome in done:
+            record: RecordInput = ticket.payload
+            host._finished(record.source, record, outcome)
+        self._controller.finished([ticket for ticket, _ in done], True)
+
+    def released(self, tickets: list[Admitted]) -> None:
+        self._controller.released(tickets)

@@ -23,16 +23,16 @@ submits them under their key), so everything below holds for them too.
   :meth:`drain` returns when nothing of its groups is, and refuses (abandons) records of
   those groups submitted while it runs.
 * A raising ``done`` callback is logged; its key goes on.
-* Batches: a record whose work is :class:`Batched` is started like any other (its key
-  free, its epoch allowed, admitted), but instead of a task of its own it joins the
-  records of its lane started in the same loop iteration; one task runs them together
-  and reports each one's end separately, which releases its key at once. Cancelling
-  that task (a drain) abandons the records it has not reported.
-* Early key release: a batch may also report that a record's key is free before the
-  record is finished (``finish.release(i)``): the next record of the key starts, while
-  this one stays in flight (not committable, its epoch open) until ``finish(i, ok)``.
-  The worker's agents use it once a record's ActionDone is acked and its outputs are
-  sent: what the next record does can no longer reorder or change them.
+* Lanes: a record submitted to a :class:`Lane` (``submit_to``) is started like any
+  other (its key free, its epoch allowed, admitted), but instead of a task of its own
+  it is handed to its lane, with the lane's other records started in the same loop
+  iteration, in one ``lane.start(records)``. The lane reports each record's end with
+  :meth:`ExecutionController.finished` (several at once) and may free its key earlier
+  with :meth:`ExecutionController.released`: the next record of the key starts while
+  this one stays in flight (not committable, its epoch open) until it is finished. The
+  worker's agents release a record once its ActionDone is acked and its outputs are
+  sent: what the next record does can no longer reorder or change them. A drain stops
+  the lanes whose records outlive its timeout and abandons what they did not report.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Hashable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Protocol, final
+from typing import Any, Protocol
 
+from ..durable.lane import cancel_all
 from ..durable.ownership import OwnershipLost
 from .epochs import Epoch, EpochManager, EpochMode
 
@@ -55,91 +56,50 @@ log = logging.getLogger("agents_stream.runtime")
 Work = Callable[[], Coroutine[Any, Any, None]]
 
 
-class BatchFinish(Protocol):
-    """How a batch's ``run`` reports: ``finish(i, ok)`` when record ``i`` is finished
-    (``many`` for several at once), ``release(i)`` / ``release_many`` when its key is
-    free before that (see the module doc)."""
+class Lane(Protocol):
+    """Runs records the controller starts, one group's (e.g. one partition's): each is
+    reported once through :meth:`ExecutionController.finished`."""
 
-    def __call__(self, index: int, ok: bool) -> None: ...
+    def start(self, records: list[Admitted]) -> None:
+        """Start ``records`` (distinct keys); report none of them from inside the call."""
 
-    def many(self, indices: list[int], ok: bool) -> None: ...
-
-    def release(self, index: int) -> None: ...
-
-    def release_many(self, indices: list[int]) -> None: ...
+    async def stop(self) -> None:
+        """Stop what runs (a drain); report nothing more. Unreported records are
+        abandoned by the controller."""
 
 
-# Runs the payloads of one lane's batch, reporting each record's end to the finish hook.
-BatchRun = Callable[[list[Any], BatchFinish], Coroutine[Any, Any, None]]
+class Admitted:
+    """A submitted record, as the controller keeps it and a lane reports it."""
 
+    __slots__ = ("done", "epoch", "group", "key", "lane", "payload", "released", "work")
 
-@final
-class Batched:
-    """Work the controller may run together with other records of ``lane``: the lane's
-    records started in one loop iteration go to one call of ``run``."""
-
-    __slots__ = ("lane", "payload", "run")
-
-    def __init__(self, lane: Hashable, payload: Any, run: BatchRun) -> None:
-        self.lane = lane
-        self.payload = payload
-        self.run = run
-
-
-@dataclass
-class _Pending:
-    key: Hashable
-    group: Hashable  # what drain() selects by, e.g. (topic, partition)
-    work: Work | Batched
-    done: Callable[[bool], None]  # called with True when finished, False when abandoned
-    epoch: Epoch
-
-
-class _Batch:
-    """The records one batch task runs; each is reported once (and its key released at
-    most once before that)."""
-
-    __slots__ = ("items", "open", "released")
-
-    def __init__(self, items: list[_Pending]) -> None:
-        self.items = items
-        self.open = set(range(len(items)))
-        self.released: set[int] = set()  # open, but their key is free already
-
-
-class _Finish:
-    """What a batch's ``run`` reports with: ``finish(i, ok)`` when record ``i`` is
-    finished; ``finish.release(i)`` when its key is free before that."""
-
-    __slots__ = ("_batch", "_controller")
-
-    def __init__(self, controller: ExecutionController, batch: _Batch) -> None:
-        self._controller = controller
-        self._batch = batch
-
-    def __call__(self, index: int, ok: bool) -> None:
-        self._controller._batch_item_done(self._batch, index, ok)
-
-    def release(self, index: int) -> None:
-        self._controller._batch_item_released(self._batch, index)
-
-    def many(self, indices: list[int], ok: bool) -> None:
-        """``finish(i, ok)`` for each of ``indices``, the shared bookkeeping once."""
-        self._controller._batch_items_done(self._batch, indices, ok)
-
-    def release_many(self, indices: list[int]) -> None:
-        """``release(i)`` for each of ``indices``."""
-        controller, batch = self._controller, self._batch
-        for index in indices:
-            controller._batch_item_released(batch, index)
+    def __init__(
+        self,
+        key: Hashable,
+        group: Hashable,
+        work: Work | None,
+        lane: Lane | None,
+        payload: Any,
+        done: Callable[[bool], None],
+        epoch: Epoch,
+    ) -> None:
+        self.key = key
+        self.group = group  # what drain() selects by, e.g. (topic, partition)
+        self.work = work  # a task runs it, or:
+        self.lane = lane  # the lane runs it
+        self.payload = payload  # what the lane runs
+        self.done = done  # called with True when finished, False when abandoned
+        self.epoch = epoch
+        self.released = False  # its key is free already (a lane said so)
 
 
 @dataclass
 class _Drain:
     groups: set[Hashable] | None  # None: every group
     abandoned: int = 0
+    quiet: asyncio.Future[None] | None = None  # set once no lane record of it is open
 
-    def selects(self, item: _Pending) -> bool:
+    def selects(self, item: Admitted) -> bool:
         return self.groups is None or item.group in self.groups
 
 
@@ -147,7 +107,7 @@ class _Drain:
 class _Waiting:
     epoch_id: int
     arrival: int
-    item: _Pending = field(compare=False)
+    item: Admitted = field(compare=False)
 
 
 class ExecutionController:
@@ -159,13 +119,13 @@ class ExecutionController:
         self.max_in_flight = max_in_flight
         self.epochs = EpochManager(epoch_mode)
         self._strict = epoch_mode == "strict"
-        self._buffers: dict[Hashable, deque[_Pending]] = {}  # waiting records per key
+        self._buffers: dict[Hashable, deque[Admitted]] = {}  # waiting records per key
         self._busy: set[Hashable] = set()  # keys with a running record
         self._blocked: dict[Hashable, None] = {}  # keys whose next record waits for an epoch
-        self._running: dict[asyncio.Task[None], _Pending] = {}
-        self._batches: dict[asyncio.Task[None], _Batch] = {}
-        self._ready: dict[Hashable, list[_Pending]] = {}  # started, batch task not yet made
-        self._batching = False  # a _start_batches call is scheduled
+        self._running: dict[asyncio.Task[None], Admitted] = {}
+        self._open: set[Admitted] = set()  # handed to their lane, not finished
+        self._ready: dict[Lane, list[Admitted]] = {}  # started, not handed to their lane
+        self._handing = False  # a _hand_over call is scheduled
         self._waiting: list[_Waiting] = []  # not admitted yet (limit reached), a heap
         self._arrivals = itertools.count()
         self._drains: list[_Drain] = []
@@ -205,20 +165,42 @@ class ExecutionController:
             await waiter
 
     def submit(
-        self, key: Hashable, group: Hashable, work: Work | Batched, done: Callable[[bool], None]
+        self, key: Hashable, group: Hashable, work: Work, done: Callable[[bool], None]
     ) -> None:
         """Run ``work`` after every earlier record of ``key``; ``done`` reports the end.
 
         Called from a watermark callback, the record belongs to that watermark's epoch.
         A record of a group being drained is abandoned at once (``done(False)``).
         """
+        self._submit(key, group, work, None, None, done)
+
+    def submit_to(
+        self,
+        lane: Lane,
+        key: Hashable,
+        group: Hashable,
+        payload: Any,
+        done: Callable[[bool], None],
+    ) -> None:
+        """:meth:`submit`, the record run by ``lane`` (``payload`` is what it runs)."""
+        self._submit(key, group, None, lane, payload, done)
+
+    def _submit(
+        self,
+        key: Hashable,
+        group: Hashable,
+        work: Work | None,
+        lane: Lane | None,
+        payload: Any,
+        done: Callable[[bool], None],
+    ) -> None:
         epochs = self.epochs
         if epochs.quiet:  # no watermark pending: EpochManager.enter, inline
             epoch = epochs.current
             epoch.unfinished += 1
         else:
             epoch = epochs.enter()
-        item = _Pending(key, group, work, done, epoch)
+        item = Admitted(key, group, work, lane, payload, done, epoch)
         self._idle.clear()
         drain = self._draining(item) if self._drains else None
         if drain is not None:
@@ -236,7 +218,7 @@ class ExecutionController:
         self.epochs.watermark(timestamp, process)
         self._unblock()
 
-    def _admit(self, item: _Pending) -> None:
+    def _admit(self, item: Admitted) -> None:
         in_flight = self._in_flight = self._in_flight + 1
         if in_flight > self.peak_in_flight:
             self.peak_in_flight = in_flight
@@ -288,39 +270,37 @@ class ExecutionController:
             self._release(head, False)
         self._start(head)
 
-    def _start(self, head: _Pending) -> None:
+    def _start(self, head: Admitted) -> None:
         """Run ``head`` now: its key is free and its epoch allowed (see _pump)."""
         self._busy.add(head.key)
-        work = head.work
-        if type(work) is Batched:
-            lane = self._ready.get(work.lane)
-            if lane is None:
-                self._ready[work.lane] = [head]
+        lane = head.lane
+        if lane is not None:
+            ready = self._ready.get(lane)
+            if ready is None:
+                self._ready[lane] = [head]
             else:
-                lane.append(head)
-            if not self._batching:
-                self._batching = True
-                asyncio.get_running_loop().call_soon(self._start_batches)
+                ready.append(head)
+            if not self._handing:
+                self._handing = True
+                asyncio.get_running_loop().call_soon(self._hand_over)
             return
-        task = asyncio.get_running_loop().create_task(work())
+        task = asyncio.get_running_loop().create_task(head.work())  # type: ignore[misc]
         self._running[task] = head
         task.add_done_callback(self._finished)
 
-    def _draining(self, item: _Pending) -> _Drain | None:
+    def _draining(self, item: Admitted) -> _Drain | None:
         drains = self._drains
         return next((d for d in drains if d.selects(item)), None) if drains else None
 
-    def _start_batches(self) -> None:
-        self._batching = False
+    def _hand_over(self) -> None:
+        """The records started since the last call, to their lanes: one call per lane."""
+        self._handing = False
         ready, self._ready = self._ready, {}
-        loop = asyncio.get_running_loop()
-        for items in ready.values():
-            if not items:
-                continue
+        for lane, items in ready.items():
             if self._drains:  # started before a drain of their group began: abandoned
                 kept = []
                 for item in items:
-                    drain = next((d for d in self._drains if d.selects(item)), None)
+                    drain = self._draining(item)
                     if drain is None:
                         kept.append(item)
                         continue
@@ -330,60 +310,53 @@ class ExecutionController:
                     self._pump(item.key)
                 if not (items := kept):
                     continue
-            batch = _Batch(items)
-            run = items[0].work.run  # type: ignore[union-attr]
-            payloads = [item.work.payload for item in items]  # type: ignore[union-attr]
-            task = loop.create_task(run(payloads, _Finish(self, batch)))
-            self._batches[task] = batch
-            task.add_done_callback(self._batch_finished)
+            self._open.update(items)
+            try:
+                lane.start(items)
+            except Exception:
+                log.exception("a lane refused %d records", len(items))
+                self.finished(items, False)
 
-    def _batch_item_done(self, batch: _Batch, index: int, ok: bool) -> None:
-        if index not in batch.open:
-            return
-        batch.open.discard(index)
-        item = batch.items[index]
-        if index in batch.released:  # its key may run the next record already
-            batch.released.discard(index)
-            self._release(item, ok)
-            return
-        self._busy.discard(item.key)
-        self._release(item, ok)
-        self._pump(item.key)
-
-    def _batch_items_done(self, batch: _Batch, indices: list[int], ok: bool) -> None:
-        """``_batch_item_done`` of many: each record is released and its key pumped in
-        order, what depends only on the totals (admission, capacity, idleness) once."""
-        is_open, released, busy = batch.open, batch.released, self._busy
-        for index in indices:
-            if index not in is_open:
+    def finished(self, items: list[Admitted], ok: bool) -> None:
+        """A lane's records ended: finished (``ok``) or not (never committed). Each is
+        released and its key pumped in order, what depends only on the totals
+        (admission, capacity, idleness) once; a second report is ignored."""
+        is_open, busy = self._open, self._busy
+        for item in items:
+            if item not in is_open:
                 continue
-            is_open.discard(index)
-            item = batch.items[index]
-            if index in released:  # its key may run the next record already
-                released.discard(index)
+            is_open.discard(item)
+            if item.released:  # its key may run the next record already
                 self._release(item, ok, settle=False)
                 continue
             busy.discard(item.key)
             self._release(item, ok, settle=False)
             self._pump(item.key)
         self._settle()
+        if self._drains:
+            self._quieted()
 
-    def _batch_item_released(self, batch: _Batch, index: int) -> None:
-        if index not in batch.open or index in batch.released:
-            return
-        batch.released.add(index)
-        key = batch.items[index].key
-        self._busy.discard(key)
-        self._pump(key)
+    def released(self, items: list[Admitted]) -> None:
+        """These lane records' keys are free: the next record of each may start, while
+        these stay in flight until :meth:`finished`."""
+        is_open = self._open
+        for item in items:
+            if item.released or item not in is_open:
+                continue
+            item.released = True
+            self._busy.discard(item.key)
+            self._pump(item.key)
 
-    def _batch_finished(self, task: asyncio.Task[None]) -> None:
-        batch = self._batches.pop(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("batch of %d records crashed", len(batch.items), exc_info=task.exception())
-        elif batch.open and not task.cancelled():
-            log.error("batch ended without reporting %d of its records", len(batch.open))
-        for index in sorted(batch.open):
-            self._batch_item_done(batch, index, False)
+    def _quieted(self) -> None:
+        """Wake the drains none of whose lane records is open any more."""
+        for drain in self._drains:
+            quiet = drain.quiet
+            if (
+                quiet is not None
+                and not quiet.done()
+                and not any(drain.selects(item) for item in self._open)
+            ):
+                quiet.set_result(None)
 
     def _unblock(self) -> None:
         for key in list(self._blocked):
@@ -400,7 +373,7 @@ class ExecutionController:
         self._pump(item.key)
 
     def _release(
-        self, item: _Pending, ok: bool, *, admitted: bool = True, settle: bool = True
+        self, item: Admitted, ok: bool, *, admitted: bool = True, settle: bool = True
     ) -> None:
         if admitted:
             self._in_flight -= 1
@@ -463,28 +436,34 @@ class ExecutionController:
             # waiting records (``_pump`` abandons those of this drain's groups).
             self._drop_queued(drain)
             self._drop_ready(drain)
-            running = [t for t, i in self._running.items() if drain.selects(i)]
-            running += [
-                t for t, b in self._batches.items() if any(drain.selects(i) for i in b.items)
+            running: list[asyncio.Future[Any]] = [
+                t for t, i in self._running.items() if drain.selects(i)
             ]
+            if any(drain.selects(item) for item in self._open):
+                drain.quiet = asyncio.get_running_loop().create_future()
+                running.append(drain.quiet)
             if running:
-                _, pending = await asyncio.wait(running, timeout=timeout)
-                for task in pending:
-                    batch = self._batches.get(task)
-                    drain.abandoned += 1 if batch is None else len(batch.open)
-                while pending:
-                    for task in pending:
-                        task.cancel()
-                    _, pending = await asyncio.wait(pending, timeout=1.0)
-                    if pending:
-                        log.warning("%d cancelled records still running", len(pending))
+                await asyncio.wait(running, timeout=timeout)
+                pending = {t for t in running if not t.done() and t is not drain.quiet}
+                drain.abandoned += len(pending)
+                # Lane records still open: their lanes are stopped, what they did not
+                # report is abandoned.
+                late = [item for item in self._open if drain.selects(item)]
+                drain.abandoned += len(late)
+                lanes = {id(item.lane): item.lane for item in late}
+                for lane in lanes.values():
+                    await lane.stop()  # type: ignore[union-attr]
+                    self.finished([i for i in self._open if i.lane is lane], False)
+                if drain.quiet is not None and not drain.quiet.done():
+                    drain.quiet.cancel()
+                await cancel_all(pending)
         finally:
             self._drains.remove(drain)
         return drain.abandoned
 
     def _drop_ready(self, drain: _Drain) -> None:
-        """Started records of the drained groups whose batch task is not made yet: they
-        have not run, so they are abandoned like queued ones."""
+        """Started records of the drained groups not handed to their lane yet: they have
+        not run, so they are abandoned like queued ones."""
         for lane, items in list(self._ready.items()):
             selected = [i for i in items if drain.selects(i)]
             if not selected:

@@ -62,7 +62,7 @@ from ..state.kafka import KafkaActionStateStore
 from .agent_host import AgentHost
 from .async_io import AsyncIOHost
 from .commit import AtLeastOnceCommit, GroupCommit, TransactionalCommit
-from .controller import Batched, ExecutionController
+from .controller import ExecutionController
 from .logs import record_fields
 from .offsets import OffsetTracker
 from .timers import TimerService
@@ -296,6 +296,7 @@ class Worker(CommitProtocol, Rebalancing):
                 on_error=app.on_error,
                 stats=self.stats,
                 on_fatal=self._fail,
+                controller=self.controller,
             )
         self._async_ios: dict[str, AsyncIOHost] = {
             aio.input: AsyncIOHost(aio, self.transactions or self.producer, self.dlq, origin=app.id)
@@ -541,10 +542,17 @@ class Worker(CommitProtocol, Rebalancing):
             # All agents of an app share memory per key, so they also share key order.
             # Keyless records share neither: each is its own "key" (InputEvent.key == "").
             order_key = key if raw_key is not None else ("", topic, partition, offset)
-            # Records of one partition started together run as one batch (one task, one
-            # shared journal append and ack wait per group of finished actions).
-            work = Batched((topic, partition), (msg, key), host.handle_batch)
-            self.controller.submit(order_key, (topic, partition), work, done)
+            record = host.prepare(msg, key)
+            if record is None:  # a skipped tombstone: finished as it is
+                done(True)
+            elif isinstance(record, Exception):  # undecodable: dead-lettered in key order
+                dead_letter = partial(host.dead_letter, msg, "decode", record)
+                self.controller.submit(order_key, (topic, partition), dead_letter, done)
+            else:
+                # Run on the partition's lane: the records started together share one
+                # journal append and ack wait per group of finished actions.
+                lane = host.lane(partition)
+                self.controller.submit_to(lane, order_key, (topic, partition), record, done)
             watermarks = self._watermarks.get(topic)
             if watermarks is not None:
                 ts_type, ts = msg.timestamp()

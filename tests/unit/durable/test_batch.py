@@ -1,4 +1,4 @@
-"""The batch record path (durable/batch.py) has the per-record path's effects.
+"""The lane record path (durable/lane.py) has the per-record path's effects.
 
 Reference model: the same records run one by one through ``ActionRunner.run`` on a store
 holding the same journal. Records do 0-3 durable calls, may raise (in the body or in a

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents_stream.runtime.controller import Batched, ExecutionController
+from agents_stream.runtime.controller import Admitted, ExecutionController
 from agents_stream.runtime.epochs import EpochManager
 from agents_stream.runtime.offsets import PartitionOffsets
 
@@ -57,6 +57,62 @@ class Recorder:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+class _Finish:
+    """How a TaskLane's batch reports, by position among the records it was given."""
+
+    def __init__(self, controller: ExecutionController, items: list[Admitted]) -> None:
+        self.controller = controller
+        self.items = items
+
+    def __call__(self, index: int, ok: bool) -> None:
+        self.controller.finished([self.items[index]], ok)
+
+    def many(self, indices: list[int], ok: bool) -> None:
+        self.controller.finished([self.items[i] for i in indices], ok)
+
+    def release(self, index: int) -> None:
+        self.controller.released([self.items[index]])
+
+    def release_many(self, indices: list[int]) -> None:
+        self.controller.released([self.items[i] for i in indices])
+
+
+class TaskLane:
+    """A lane that runs each start call's records with ``batch(payloads, finish)`` on a
+    task of its own; stop cancels them."""
+
+    def __init__(self, controller: ExecutionController, batch) -> None:  # type: ignore[no-untyped-def]
+        self.controller = controller
+        self.batch = batch
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, records: list[Admitted]) -> None:
+        finish = _Finish(self.controller, records)
+        task = asyncio.get_running_loop().create_task(
+            self.batch([r.payload for r in records], finish)
+        )
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks))
+
+
+_LANES: dict[tuple[int, object, object], TaskLane] = {}
+
+
+def lane_of(controller: ExecutionController, name: object, batch) -> TaskLane:  # type: ignore[no-untyped-def]
+    """One lane per controller, name and batch function (as the worker has one per
+    partition)."""
+    lane = _LANES.get((id(controller), name, batch))
+    if lane is None or lane.controller is not controller:
+        lane = _LANES[(id(controller), name, batch)] = TaskLane(controller, batch)
+    return lane
 
 
 @settings(max_examples=25, deadline=None)
@@ -414,10 +470,9 @@ class Lanes:
         await asyncio.gather(*(one(i, k, o) for i, (k, o) in enumerate(payloads)))
 
     def submit(self, key: str, offset: int, lane: str = "p0") -> None:
-        from agents_stream.runtime.controller import Batched
-
-        work = Batched(lane, (key, offset), self.run)
-        self.controller.submit(key, lane, work, lambda ok: self.done.append((offset, ok)))
+        runs = lane_of(self.controller, lane, self.run)
+        done = lambda ok: self.done.append((offset, ok))  # noqa: E731
+        self.controller.submit_to(runs, key, lane, (key, offset), done)
 
 
 def test_batched_records_started_together_share_one_batch_and_keep_key_order() -> None:
@@ -501,7 +556,6 @@ def test_a_released_key_runs_its_next_record_while_the_first_stays_in_flight() -
     """``finish.release(i)``: the key is free, the record is not finished (not
     committable, still counted in flight) until ``finish(i, ok)``, and that late finish
     does not free the key a second time (the next record holds it by then)."""
-    from agents_stream.runtime.controller import Batched
 
     async def main() -> None:
         controller = ExecutionController(100)
@@ -522,8 +576,8 @@ def test_a_released_key_runs_its_next_record_while_the_first_stays_in_flight() -
             await asyncio.gather(*(one(i, o) for i, o in enumerate(payloads)))
 
         for offset in (0, 1, 2):
-            work = Batched("p0", offset, batch)
-            controller.submit("k", "p0", work, lambda ok, o=offset: finished.append(o))
+            lane = lane_of(controller, "p0", batch)
+            controller.submit_to(lane, "k", "p0", offset, lambda ok, o=offset: finished.append(o))
 
         async def settle() -> None:
             for _ in range(10):
@@ -554,8 +608,6 @@ def test_records_reported_in_groups_keep_key_order_and_the_limit(keys, limit, mo
     one call) hold what one call per record holds: per key, records start in order and
     only once the previous one was released or finished; the in-flight limit holds;
     every record finishes; nothing is left in flight."""
-    from agents_stream.runtime.controller import Batched
-
     rng = random.Random(seed)
     started: list[tuple[str, int]] = []
     freed: set[int] = set()  # records whose key was released or that finished
@@ -586,8 +638,9 @@ def test_records_reported_in_groups_keep_key_order_and_the_limit(keys, limit, mo
                 finish.many(group, True)  # a second report is ignored
 
         for offset, key in enumerate(keys):
-            work = Batched("p0", (key, offset), batch)
-            controller.submit(key, "p0", work, lambda ok, o=offset: finished.append(o))
+            lane = lane_of(controller, "p0", batch)
+            done = lambda ok, o=offset: finished.append(o)  # noqa: E731
+            controller.submit_to(lane, key, "p0", (key, offset), done)
             if rng.random() < 0.3:
                 await asyncio.sleep(0)
         await asyncio.wait_for(controller.join(), 10)
@@ -628,8 +681,8 @@ def test_a_drain_abandons_the_next_record_its_own_releases_would_start() -> None
 
         controller.submit("K", "G", timer, lambda ok: ends.setdefault("timer", ok))
         for name in ("r2", "r3"):
-            work = Batched("G", name, _batch_that_finishes_at_once)
-            controller.submit("K", "G", work, lambda ok, n=name: ends.setdefault(n, ok))
+            lane = lane_of(controller, "G", _batch_that_finishes_at_once)
+            controller.submit_to(lane, "K", "G", name, lambda ok, n=name: ends.setdefault(n, ok))
         for _ in range(20):
             await asyncio.sleep(0)
         assert result["ran"] == 0
@@ -647,8 +700,8 @@ def test_a_drain_abandons_records_its_releases_admit_from_the_waiting_queue() ->
         controller = ExecutionController(2)
         ends: dict[str, bool] = {}
         for name, key in (("a", "K1"), ("b", "K2"), ("c", "K3")):  # c waits: limit 2
-            work = Batched("G", name, _batch_that_finishes_at_once)
-            controller.submit(key, "G", work, lambda ok, n=name: ends.setdefault(n, ok))
+            lane = lane_of(controller, "G", _batch_that_finishes_at_once)
+            controller.submit_to(lane, key, "G", name, lambda ok, n=name: ends.setdefault(n, ok))
         abandoned = await controller.drain({"G"}, 1.0)  # before the batch starts
         for _ in range(10):
             await asyncio.sleep(0)
