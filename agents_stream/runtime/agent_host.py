@@ -169,9 +169,14 @@ class AgentHost:
 
     def _finished(self, msg: Message, record: RecordInput, outcome: RecordOutcome) -> None:
         self.counts["out"] += len(outcome.outputs)
-        if record.seq != msg.offset():  # a replayed dead letter: keep its journal
-            self.kept.add((msg.partition(), msg.offset()))
+        self._keep_replayed(record)
         self._count(outcome)
+
+    def _keep_replayed(self, record: RecordInput) -> None:
+        """A replayed dead letter (run under its original seq): its journal is kept."""
+        msg = record.source
+        if record.seq != msg.offset():
+            self.kept.add((msg.partition(), msg.offset()))
 
     def _replayed_seq(self, msg: Message, headers: dict[str, bytes]) -> int | None:
         """The original offset of a replayed record of this partition, else None."""
@@ -267,15 +272,13 @@ class PartitionLane:
             host.runner, self, release_early=host._on_error != "fail"
         )
         self._tails: set[asyncio.Future[None]] = set()  # failed records being concluded
-
-    @property
-    def stopped(self) -> bool:
-        return self._lane.stopped
+        self.stopped = False  # by a drain: the partition's next records get a new lane
 
     def start(self, records: list[Admitted]) -> None:
         self._lane.start(records)
 
     async def stop(self) -> None:
+        self.stopped = True
         await self._lane.stop()
         tails = self._tails
         for task in tails:
@@ -307,9 +310,20 @@ class PartitionLane:
         """The records of one group commit, finished: counted, then reported to the
         controller in one call."""
         host = self._host
+        total = RecordOutcome()  # summed without a call per record
+        outputs = 0
         for ticket, outcome in done:
             record: RecordInput = ticket.payload
-            host._finished(record.source, record, outcome)
+            if record.headers:
+                host._keep_replayed(record)
+            outputs += len(outcome.outputs)
+            total.calls_executed += outcome.calls_executed
+            total.calls_replayed += outcome.calls_replayed
+            total.actions_skipped += outcome.actions_skipped
+            total.outputs_found += outcome.outputs_found
+            total.outputs_resent += outcome.outputs_resent
+        host.counts["out"] += outputs
+        host._count(total)
         self._controller.finished([ticket for ticket, _ in done], True)
 
     def released(self, tickets: list[Admitted]) -> None:

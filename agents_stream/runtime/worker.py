@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from heapq import heappush
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
 
@@ -43,6 +43,7 @@ from ..durable.ackfuture import serve_due
 from ..durable.journal import TimerEntry
 from ..durable.ownership import Ownership
 from ..durable.pool import CodeBlockPool
+from ..durable.runner import RecordInput
 from ..errors import ConfigurationError, KafkaIOError
 from ..events import TimerEvent
 from ..host.kit import DurableHost
@@ -59,12 +60,12 @@ from ..kafka.admin import (
 from ..kafka.config import configure, consumer_config
 from ..kafka.transactions import TransactionalProducer
 from ..state.kafka import KafkaActionStateStore
-from .agent_host import AgentHost
+from .agent_host import AgentHost, PartitionLane
 from .async_io import AsyncIOHost
 from .commit import AtLeastOnceCommit, GroupCommit, TransactionalCommit
 from .controller import ExecutionController
 from .logs import record_fields
-from .offsets import OffsetTracker
+from .offsets import OffsetTracker, PartitionOffsets
 from .timers import TimerService
 from .tuning import freeze_startup, loop_factory, record_processing, run_loop, switch_interval
 from .watermarks import WatermarkGenerator
@@ -134,6 +135,7 @@ class Worker(CommitProtocol, Rebalancing):
         self._state_refs: defaultdict[int, int] = defaultdict(int)
         # Finished, not yet committed records per partition: a heap by offset.
         self._finished: defaultdict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
+        self._routes: dict[tuple[str, int], _Route] = {}  # see _Route
         # Completed-through markers (host/progress.py) and the group commit (commit.py),
         # built in _setup once the store and the consumer exist.
         self.progress: CompletedThrough | None = None
@@ -493,14 +495,18 @@ class Worker(CommitProtocol, Rebalancing):
 
     def _dispatch(self, msg: Message) -> None:
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-        if (topic, partition) not in self._owned:
+        tp = (topic, partition)
+        if tp not in self._owned:
             return  # fetched before a revoke: the new owner consumes it
-        if self._rewinds and not self._rewound((topic, partition), offset):
+        if self._rewinds and not self._rewound(tp, offset):
             return
-        tracker = self.offsets.get(topic, partition)
+        route = self._routes.get(tp)
+        if route is None or route.stale:
+            route = self._routes[tp] = self._route(topic, partition)
+        tracker = route.tracker
         expected = tracker.next
         if expected < 0 and self._first_expected:
-            expected = self._first_expected.pop((topic, partition), -1)
+            expected = self._first_expected.pop(tp, -1)
         # expected 0: the first record of a partition without a committed offset, due
         # at offset 0 (its low watermark, see timers.input_end); -1: unknown.
         if offset > expected >= 0:
@@ -508,18 +514,19 @@ class Worker(CommitProtocol, Rebalancing):
             # offset): compaction or transaction markers in the input, or records the
             # client never handed over, which the commit would pass (see
             # docs/operations.md, offset gaps).
-            if self._gaps_real.get((topic, partition)) != self._rebalances:
+            if self._gaps_real.get(tp) != self._rebalances:
                 if tracker.next < 0:  # checked again once fetched from there
-                    self._first_expected[(topic, partition)] = expected
-                self._rewind((topic, partition), expected, offset)
+                    self._first_expected[tp] = expected
+                self._rewind(tp, expected, offset)
                 return
             self.stats["offset_gaps"] += 1
         raw_key = msg.key()
         key = raw_key.decode("utf-8", "backslashreplace") if raw_key is not None else ""
         tracker.start(offset)
-        arm_at = self._arm_at.get((topic, partition))
-        if arm_at is not None and offset + 1 >= arm_at:
-            self._arm((topic, partition))
+        if self._arm_at:
+            arm_at = self._arm_at.get(tp)
+            if arm_at is not None and offset + 1 >= arm_at:
+                self._arm(tp)
         progress = self.progress
         if progress is not None and progress.skips(topic, partition, offset):
             # Finished before (re-consumed after an offset reset or a lost commit):
@@ -527,17 +534,17 @@ class Worker(CommitProtocol, Rebalancing):
             tracker.finish(offset)
             self.stats["records_skipped_completed"] += 1
             return
+        kept, finished, stats = route.kept, route.finished, self.stats
 
         def done(ok: bool) -> None:
             if ok:
                 tracker.finish(offset)
                 # A dead letter's journal is kept for its replay (host/dlq.py).
                 if not (kept and kept.release(partition, offset)):
-                    heappush(self._finished[(topic, partition)], (offset, key))
-                self.stats["records"] += 1
+                    heappush(finished, (offset, key))
+                stats["records"] += 1
 
-        host = self._agents.get(topic)
-        kept = host.kept if host is not None else None
+        host = route.host
         if host is not None:
             # All agents of an app share memory per key, so they also share key order.
             # Keyless records share neither: each is its own "key" (InputEvent.key == "").
@@ -545,15 +552,16 @@ class Worker(CommitProtocol, Rebalancing):
             record = host.prepare(msg, key)
             if record is None:  # a skipped tombstone: finished as it is
                 done(True)
-            elif isinstance(record, Exception):  # undecodable: dead-lettered in key order
-                dead_letter = partial(host.dead_letter, msg, "decode", record)
-                self.controller.submit(order_key, (topic, partition), dead_letter, done)
-            else:
+            elif type(record) is RecordInput:
                 # Run on the partition's lane: the records started together share one
                 # journal append and ack wait per group of finished actions.
-                lane = host.lane(partition)
-                self.controller.submit_to(lane, order_key, (topic, partition), record, done)
-            watermarks = self._watermarks.get(topic)
+                assert route.lane is not None
+                self.controller.submit_to(route.lane, order_key, tp, record, done)
+            else:  # undecodable: dead-lettered in key order
+                error = cast(Exception, record)
+                dead_letter = partial(host.dead_letter, msg, "decode", error)
+                self.controller.submit(order_key, tp, dead_letter, done)
+            watermarks = route.watermarks
             if watermarks is not None:
                 ts_type, ts = msg.timestamp()
                 if ts_type != TIMESTAMP_NOT_AVAILABLE:
@@ -563,11 +571,18 @@ class Worker(CommitProtocol, Rebalancing):
         else:
             operator = self._async_ios[topic]
             self.controller.submit(
-                ("aio", topic, partition, offset),
-                (topic, partition),
-                lambda: operator.handle(msg),
-                done,
+                ("aio", topic, partition, offset), tp, lambda: operator.handle(msg), done
             )
+
+    def _route(self, topic: str, partition: int) -> _Route:
+        host = self._agents.get(topic)
+        return _Route(
+            self.offsets.get(topic, partition),
+            self._finished[(topic, partition)],
+            host,
+            host.lane(partition) if host is not None else None,
+            self._watermarks.get(topic),
+        )
 
     def _rewind(self, tp: tuple[str, int], expected: int, seen: int) -> None:
         """Fetch ``tp`` again from ``expected``: a record at ``seen`` came after a gap
@@ -796,6 +811,33 @@ def worker_topics(app: App) -> list[str]:
     if app.agents:
         topics.append(app.action_state_topic)
     return topics
+
+
+class _Route:
+    """What the records of one owned partition are dispatched with, looked up once per
+    record: made at its first record after an assignment, dropped when the partition is
+    forgotten (``worker_rebalance.py``), made again once a drain stopped its lane."""
+
+    __slots__ = ("finished", "host", "kept", "lane", "tracker", "watermarks")
+
+    def __init__(
+        self,
+        tracker: PartitionOffsets,
+        finished: list[tuple[int, str]],
+        host: AgentHost | None,
+        lane: PartitionLane | None,
+        watermarks: WatermarkGenerator | None,
+    ) -> None:
+        self.tracker = tracker
+        self.finished = finished  # the partition's heap of finished, uncommitted records
+        self.host = host
+        self.kept = host.kept if host is not None else None
+        self.lane = lane
+        self.watermarks = watermarks
+
+    @property
+    def stale(self) -> bool:
+        return self.lane is not None and self.lane.stopped
 
 
 def _ignore(ok: bool) -> None:

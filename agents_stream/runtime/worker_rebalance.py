@@ -82,6 +82,7 @@ class Rebalancing:
     _reset_earliest: bool
     _state_refs: defaultdict[int, int]
     _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
+    _routes: dict[tuple[str, int], Any]
     progress: CompletedThrough | None
     committer: GroupCommit
     _arm_at: dict[tuple[str, int], int]
@@ -332,6 +333,7 @@ class Rebalancing:
             if host is not None:  # a revoked partition must not hold back the watermark
                 host.forget_partitions([partition])
             self.offsets.drop(topic, partition)
+            self._routes.pop((topic, partition), None)
             self._finished.pop((topic, partition), None)
             self._rewinds.pop((topic, partition), None)
             self._first_expected.pop((topic, partition), None)

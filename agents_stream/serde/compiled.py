@@ -103,6 +103,21 @@ def _long(n: int) -> bytes:
     return _V[z] if z < _SMALL else _big(z, n, 63)
 
 
+# Strings of an ObjectBinding's ``recurring`` fields, encoded (length prefix and UTF-8)
+# once per distinct value; at most this many values are kept per encoder.
+RECURRING_LIMIT = 4096
+
+
+def _recur(table: dict[str, bytes], v: str) -> bytes:
+    """A recurring string's bytes, kept in ``table`` while it has room."""
+    data = v.encode()
+    n = len(data)
+    out = (_V[n << 1] if n < _SMALL >> 1 else _long(n)) + data
+    if len(table) < RECURRING_LIMIT:
+        table[v] = out
+    return out
+
+
 def _more(b: Any, p: int, c: int) -> tuple[int, int]:
     # Unrolled, and the low 28 bits gathered in one-digit ints before a single wide
     # shift: timestamps and offsets are 5-7 bytes, and a loop costs twice as much.
@@ -171,6 +186,7 @@ _HELPERS: dict[str, Any] = {
     "_new": object.__new__,
     "_setattr": object.__setattr__,
     "_long": _long,
+    "_recur": _recur,
     "_more": _more,
     "_LEN": _LEN,
     "_length": _length,
@@ -631,12 +647,15 @@ class ObjectBinding:
         build: given field name -> local variable holding its decoded value, the expression
             that builds the object (default: ``cls`` called with every field as keyword).
         env: names the expressions use.
+        recurring: string fields with few distinct values (a topic, a worker id): their
+            encoding is looked up by value instead of made each time.
     """
 
     cls: type
     get: Mapping[str, str] = field(default_factory=dict)
     build: Callable[[Mapping[str, str]], str] | None = None
     env: Mapping[str, Any] = field(default_factory=dict)
+    recurring: frozenset[str] = frozenset()
 
 
 ObjectEncoder = Callable[[bytes, Any], bytes]
@@ -666,6 +685,7 @@ class _ObjectEncoderCompiler(_EncoderCompiler):
     """
 
     objects = True
+    _recurring: str | None = None  # the name of the recurring strings' table, once made
 
     def run(self, schema: Any) -> Encoder:
         self.late = []
@@ -681,13 +701,31 @@ class _ObjectEncoderCompiler(_EncoderCompiler):
         return self.build("encode")
 
     def record_parts(self, s: Any, o: str, ind: int) -> list[str]:
-        get = self.bindings[s["name"]].get
+        binding = self.bindings[s["name"]]
+        get = binding.get
         parts: list[str] = []
         for f in s["fields"]:
             v = self.field_var(s, f["name"])
             self.emit(ind, f"{v} = {get.get(f['name'], '{o}.' + f['name']).format(o=o)}")
-            parts += self.parts(self.resolve(f["type"]), v, ind)
+            kind = self.resolve(f["type"])
+            if f["name"] in binding.recurring and self.kind(kind) == "string":
+                parts.append(self.recurring(v, ind))
+            else:
+                parts += self.parts(kind, v, ind)
         return parts or ["b''"]
+
+    def recurring(self, v: str, ind: int) -> str:
+        """A string looked up by value (a dict subscript, no call) once encoded; a value
+        that is not a string misses and fails in ``_recur`` as it would here."""
+        table = self._recurring
+        if table is None:
+            table = self._recurring = self.const({})
+        x = self.var("x")
+        self.emit(ind, "try:")
+        self.emit(ind + 1, f"{x} = {table}[{v}]")
+        self.emit(ind, "except (KeyError, TypeError):")
+        self.emit(ind + 1, f"{x} = _recur({table}, {v})")
+        return x
 
     def parts(self, s: Any, v: str, ind: int, checked: bool = False) -> list[str]:
         """Emits the checks of ``v``; returns the expressions of its bytes, in order."""

@@ -536,6 +536,10 @@ _REF_BUILD = (
 )
 
 
+# An entry's strings with few distinct values: encoded once per value (compiled.py).
+_RECURRING = frozenset({"action", "topic"})
+
+
 def _bindings() -> dict[str, ObjectBinding]:
     env = {
         "_new": _new,
@@ -594,10 +598,16 @@ def _bindings() -> dict[str, ObjectBinding]:
     )
     return {
         CALL: ObjectBinding(
-            CallEntry, get={**_REF_GET, "status": "{o}.status.value"}, build=call_build, env=env
+            CallEntry,
+            get={**_REF_GET, "status": "{o}.status.value"},
+            build=call_build,
+            env=env,
+            recurring=_RECURRING | {"function_id", "worker_id"},
         ),
         _NS + "ExceptionInfo": plain(ExceptionInfo, "type", "message", "traceback", "args"),
-        DONE: ObjectBinding(ActionDone, get=_REF_GET, build=done_build, env=env),
+        DONE: ObjectBinding(
+            ActionDone, get=_REF_GET, build=done_build, env=env, recurring=_RECURRING
+        ),
         _NS + "MemoryUpdate": plain(MemoryUpdate, "name", "value"),
         _NS + "SentEvent": plain(SentEvent, "type", "payload"),
         _NS + "TimerUpdate": plain(TimerUpdate, "kind", "ts", "deleted"),

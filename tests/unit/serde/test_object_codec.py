@@ -311,3 +311,22 @@ def test_projections_need_the_compiled_path_and_a_known_kind():
     assert FAST.projection(CallEntry, ("no_such_field",)) is None
     assert FAST.projection(ActionRef, ("key",)) is None  # type: ignore[arg-type]
     assert FAST.projection(CallEntry, ("key",)) is FAST.projection(CallEntry, ("key",))
+
+
+def test_recurring_strings_encode_alike_past_the_table_limit_and_fail_alike(monkeypatch):
+    """Topics, actions, function and worker ids are encoded once per distinct value
+    (``ObjectBinding.recurring``): the same bytes for a value seen before, for one seen
+    after the table is full, and the same error for a value that is not a string."""
+    from agents_stream.serde import compiled
+
+    monkeypatch.setattr(compiled, "RECURRING_LIMIT", 3)
+    codec = default_journal_codec()  # a table of its own
+    for n in range(8):
+        ref = ActionRef("k", n, f"Agent.act#{n % 5}", 0, f"topic-{n}-\u00e9")
+        entry = CallEntry(ref, 0, f"mod.f{n}", "d", CallStatus.SUCCEEDED, worker_id="w")
+        for _ in range(2):  # a miss, then (while the table has room) a hit
+            assert codec.encode(entry) == REFERENCE.encode(entry)
+    wrong = CallEntry(ActionRef("k", 1, "a#0", 0, 7), 0, "f", "d", CallStatus.SUCCEEDED)  # type: ignore[arg-type]
+    with pytest.raises(ValueEncodeError) as fast:
+        codec.encode(wrong)
+    assert "topic" in str(fast.value)
