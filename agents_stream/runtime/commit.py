@@ -69,7 +69,7 @@ class AtLeastOnceCommit:
         self, offsets: Offsets, markers: Sequence[InputProgress], *, asynchronous: bool
     ) -> bool:
         # An asynchronous commit's failure is logged by the consumer's on_commit callback
-        # (worker_commits._commit_done) and retried by the next commit. A synchronous one
+        # (worker_commits.Commits.commit_done) and retried by the next commit. A synchronous one
         # (revoke, shutdown) waits for a rebalance in progress, ~3 s measured: not every
         # interval, or the partitions that did not move would stall.
         if offsets:

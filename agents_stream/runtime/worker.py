@@ -5,10 +5,12 @@ Threads: the asyncio loop runs actions; one "kafka" thread makes every consumer 
 polls delivery reports on its own thread.
 
 The worker is three units, one per module: this one (setup, the consumer loop that
-dispatches records to the execution controller, timers, shutdown), the commit protocol
-(``worker_commits.py``: commit loop, completed-through markers, pruning) and
-rebuild-on-assign with revoke/lost handling (``worker_rebalance.py``). The latter two
-are mixins of :class:`Worker`: they share its bookkeeping, each owns one protocol.
+dispatches records to the execution controller, timers, shutdown, and the bookkeeping
+of its partitions), the commit protocol (``worker_commits.py``: :class:`Commits`, the
+commit loop, completed-through markers, pruning) and rebuild-on-assign with revoke/lost
+handling (``worker_rebalance.py``: :class:`Rebalance`). The worker holds one of each
+(``worker.commits``, ``worker.rebalance``); each reads the bookkeeping it needs through
+a Protocol of its own (``CommitHost``, ``RebalanceHost``) and owns one protocol.
 
 Timers (see ``timers.py``): on assign a partition's live timers are loaded held; the
 partition is armed once the consumer reached the input end offset seen at assign (or a
@@ -69,8 +71,8 @@ from .offsets import OffsetTracker, PartitionOffsets
 from .timers import TimerService
 from .tuning import freeze_startup, loop_factory, record_processing, run_loop, switch_interval
 from .watermarks import WatermarkGenerator
-from .worker_commits import CommitProtocol
-from .worker_rebalance import Rebalancing
+from .worker_commits import Commits
+from .worker_rebalance import Rebalance
 
 log = logging.getLogger("agents_stream.worker")
 
@@ -82,7 +84,7 @@ WATCHDOG_BEAT = 0.05  # seconds between the freeze watchdog's beats (durable/own
 SERVE_SATURATED = 1.0  # seconds between consumer polls while no record can be taken
 
 
-class Worker(CommitProtocol, Rebalancing):
+class Worker:
     """Runs ``app`` until stopped (SIGTERM/SIGINT or :meth:`stop`).
 
     Args:
@@ -169,6 +171,10 @@ class Worker(CommitProtocol, Rebalancing):
         self._verify_at = 0.0
         self.transactions: TransactionalProducer | None = None  # exactly-once (_setup)
         self._last_poll = time.monotonic()
+        # The commit protocol and the partition lifecycle: parts of this worker that read
+        # its bookkeeping when they run (so what _setup builds later is what they see).
+        self.commits = Commits(self)
+        self.rebalance = Rebalance(self)
 
     # -- public -------------------------------------------------------------------------
     @staticmethod
@@ -305,7 +311,7 @@ class Worker(CommitProtocol, Rebalancing):
             for aio in app.async_ios
         }
         conf["enable.partition.eof"] = True  # arms held timers of caught-up partitions
-        conf.setdefault("on_commit", self._commit_done)
+        conf.setdefault("on_commit", self.commits.commit_done)
         self.consumer = Consumer(conf)
         if self.store is not None:
             self.progress = CompletedThrough(
@@ -317,7 +323,10 @@ class Worker(CommitProtocol, Rebalancing):
             else TransactionalCommit(self.consumer, self.transactions, self.store, self.ownership)
         )
         self.consumer.subscribe(
-            inputs, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+            inputs,
+            on_assign=self.rebalance.on_assign,
+            on_revoke=self.rebalance.on_revoke,
+            on_lost=self.rebalance.on_lost,
         )
         for hook in self.setup_hooks:
             hook(self)
@@ -388,7 +397,7 @@ class Worker(CommitProtocol, Rebalancing):
             type(self._loop).__module__.split(".")[0],
             round(sys.getswitchinterval() * 1e6),
         )
-        committer = asyncio.create_task(self._commit_loop())
+        committer = asyncio.create_task(self.commits.run())
         ticker = asyncio.create_task(self._timer_loop())
         try:
             await self._consume_loop()
@@ -478,7 +487,7 @@ class Worker(CommitProtocol, Rebalancing):
         consumer = self.consumer
         self._last_poll = time.monotonic()
         if self._unconfirmed and self._last_poll >= self._verify_at:
-            self._confirm()  # partitions released after a freeze: still this member's?
+            self.rebalance.confirm()  # partitions released after a freeze: still this member's?
         msgs: list[Message] = consumer.consume(most, 0)
         if msgs or most <= 1:
             return msgs or consumer.consume(1, CONSUME_WAIT)
@@ -734,7 +743,7 @@ class Worker(CommitProtocol, Rebalancing):
         self.stats["ownership_suspensions"] += 1
         log.warning("%s: every partition is treated as lost until the group confirms", why)
         assert self._loop is not None
-        self._loop.run_in_executor(self._kafka, self._after_freeze)
+        self._loop.run_in_executor(self._kafka, self.rebalance.after_freeze)
 
     def _denied(self, err: KafkaError) -> None:
         """The group or an input refused by the cluster's authorizer: stop, in one line."""
@@ -766,7 +775,7 @@ class Worker(CommitProtocol, Rebalancing):
         await asyncio.gather(*closing, return_exceptions=True)
         if self.exit_code == 0:
             try:
-                await self._commit(None)
+                await self.commits.commit(None)
             except KafkaIOError as exc:
                 log.warning("final commit failed: %s", exc)
         await self._on_kafka(self.consumer.close)

@@ -1,4 +1,4 @@
-"""The worker's commit protocol (a mixin of :class:`~agents_stream.runtime.worker.Worker`).
+"""The worker's commit protocol (:class:`Commits`, a part of :class:`~agents_stream.runtime.worker.Worker`).
 
 Commit protocol (every ``commit_interval`` and on revoke/shutdown):
   1. per partition, the committable offset is the lowest offset whose record is not
@@ -41,7 +41,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from heapq import heappop
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaError, TopicPartition
 
@@ -60,12 +60,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("agents_stream.worker")
 
 
-class CommitProtocol:
-    """Steps 1-4 above. Expects the worker's bookkeeping (declared below)."""
+class CommitHost(Protocol):
+    """What the commit protocol reads of the worker."""
 
     app: App
-    worker_id: str
-    shutdown_timeout: float
     store: KafkaActionStateStore | None
     offsets: OffsetTracker
     committer: GroupCommit
@@ -77,24 +75,30 @@ class CommitProtocol:
     ownership: Ownership
     stats: defaultdict[str, int]
 
-    if TYPE_CHECKING:  # provided by the other units of the worker
+    async def _on_kafka(self, fn: Any, *args: Any) -> Any: ...
 
-        async def _on_kafka(self, fn: Any, *args: Any) -> Any: ...
+    def _fail(self, exc: BaseException) -> None: ...
 
-        def _fail(self, exc: BaseException) -> None: ...
+    def _suspected(self) -> None: ...
 
-        def _suspected(self) -> None: ...
+
+class Commits:
+    """Steps 1-4 above, for the worker ``w``: reads its bookkeeping (:class:`CommitHost`),
+    owns no state of its own."""
+
+    def __init__(self, w: CommitHost) -> None:
+        self._w = w
 
     # Offsets and finished records are bookkept on the loop, where records finish; only
     # snapshots cross to the kafka thread, so no dict is iterated while another thread
     # mutates it.
-    async def _commit_loop(self) -> None:
+    async def run(self) -> None:
         """Commit every ``commit_interval``; a failure other than Kafka's is fatal, since
         a dead commit loop would let the worker run on without ever committing."""
         while True:
-            await asyncio.sleep(self.app.commit_interval)
+            await asyncio.sleep(self._w.app.commit_interval)
             try:
-                await self._commit(None, asynchronous=True)
+                await self.commit(None, asynchronous=True)
             except KafkaIOError as exc:
                 log.warning("commit failed (will retry): %s", exc)
             except Exception as exc:
@@ -105,62 +109,62 @@ class CommitProtocol:
                     exc,
                     exc_info=exc,
                 )
-                self._fail(exc)
+                self._w._fail(exc)
                 return
 
-    async def _commit(
+    async def commit(
         self, only: set[tuple[str, int]] | None, *, asynchronous: bool = False
     ) -> None:
         """Steps 1-4 of the commit protocol; runs on the loop, commits on the kafka thread."""
-        if self.ownership.suspended is not None:
+        if self._w.ownership.suspended is not None:
             return  # every hold is in doubt (and a transaction being aborted)
-        offsets = self._committable(only)
-        if not offsets and not self.committer.pending:
+        offsets = self.committable(only)
+        if not offsets and not self._w.committer.pending:
             return
         try:
-            marked = await self._on_kafka(self._group_commit, offsets, asynchronous)
+            marked = await self._w._on_kafka(self.group_commit, offsets, asynchronous)
         except TransactionFailed as exc:
-            self._transaction_failed(exc)
+            self.transaction_failed(exc)
             return
-        done = self._committed(offsets)
+        done = self.committed(offsets)
         if marked:  # unmarked: the records stay journaled, which is safe
-            await self._on_kafka(self._prune, done)
+            await self._w._on_kafka(self.prune, done)
 
-    def _group_commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> bool:
+    def group_commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> bool:
         """Kafka thread: steps 2 and 3 (``runtime/commit.py``); whether the markers are
         durable. Also the revoke's commit (synchronous, inside the callback)."""
-        progress = self.progress
-        agents = {tp: o for tp, o in offsets.items() if tp[0] in self._agents}
+        progress = self._w.progress
+        agents = {tp: o for tp, o in offsets.items() if tp[0] in self._w._agents}
         markers = progress.markers(agents) if progress is not None and agents else []
-        marked = self.committer.commit(offsets, markers, asynchronous=asynchronous)
+        marked = self._w.committer.commit(offsets, markers, asynchronous=asynchronous)
         if marked and progress is not None:
-            progress.written(markers, self._owned)
+            progress.written(markers, self._w._owned)
         return marked
 
-    def _transaction_failed(self, exc: TransactionFailed) -> None:
+    def transaction_failed(self, exc: TransactionFailed) -> None:
         """Loop thread: a transaction aborted (a fenced producer was replaced by a new
         one). Everything it held is gone, finished records of every partition included:
         all partitions are released as lost and taken again from their committed offsets
         (as after a freeze)."""
         log.warning("%s: every partition is taken again from its committed offsets", exc)
-        self.stats["transactions_aborted"] += 1
-        if self.ownership.suspended is None:
-            self.ownership.suspend(f"transaction aborted ({exc})")
-        self._suspected()
+        self._w.stats["transactions_aborted"] += 1
+        if self._w.ownership.suspended is None:
+            self._w.ownership.suspend(f"transaction aborted ({exc})")
+        self._w._suspected()
 
-    def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]:
+    def committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]:
         """Loop thread: a snapshot of the offsets to commit, of partitions held (none
         while the holds are suspended: durable/ownership.py)."""
-        if self.ownership.suspended is not None:
+        if self._w.ownership.suspended is not None:
             return {}
-        lease = self.ownership.lease
+        lease = self._w.ownership.lease
         return {
             tp: o
-            for tp, o in self.offsets.committable().items()
-            if (only is None or tp in only) and tp in self._owned and lease(*tp)
+            for tp, o in self._w.offsets.committable().items()
+            if (only is None or tp in only) and tp in self._w._owned and lease(*tp)
         }
 
-    def _commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+    def commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Kafka thread (served by the consumer's poll): a failed commit is logged and
         its partitions made committable again, so the next commit retries them."""
         failed = list(partitions) if err is not None else [p for p in partitions if p.error]
@@ -171,27 +175,27 @@ class CommitProtocol:
             ", ".join(f"{tp.topic}[{tp.partition}]" for tp in failed),
             err or failed[0].error,
         )
-        if self._loop is not None:
+        if self._w._loop is not None:
             retry = [(tp.topic, tp.partition, tp.offset) for tp in failed]
-            self._loop.call_soon_threadsafe(self._uncommit, retry)
+            self._w._loop.call_soon_threadsafe(self._uncommit, retry)
 
     def _uncommit(self, failed: list[tuple[str, int, int]]) -> None:
         for topic, partition, offset in failed:
-            tracker = self.offsets.partitions.get((topic, partition))
+            tracker = self._w.offsets.partitions.get((topic, partition))
             if tracker is not None and offset >= 0:
                 tracker.committed = min(tracker.committed, offset - 1)
 
-    def _committed(
+    def committed(
         self, offsets: dict[tuple[str, int], int]
     ) -> dict[tuple[str, int], list[tuple[int, str]]]:
         """Loop thread: record the commit; take the finished records it covers."""
         done: dict[tuple[str, int], list[tuple[int, str]]] = {}
         for tp, position in offsets.items():
-            tracker = self.offsets.partitions.get(tp)
+            tracker = self._w.offsets.partitions.get(tp)
             if tracker is None:
                 continue  # revoked meanwhile
             tracker.committed = max(tracker.committed, position)
-            finished = self._finished.get(tp)
+            finished = self._w._finished.get(tp)
             if finished and finished[0][0] < position:
                 # A heap by offset: a commit takes what it covers without walking the
                 # records finished past it (thousands while a slow key holds it back).
@@ -200,11 +204,11 @@ class CommitProtocol:
                     covered.append(heappop(finished))
         return done
 
-    def _prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None:
+    def prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None:
         """Kafka thread: tombstone the ActionStates of committed records."""
-        if self.store is None or not self.app.prune_completed:
+        if self._w.store is None or not self._w.app.prune_completed:
             return
         for (topic, partition), records in done.items():
-            if topic not in self._agents:
+            if topic not in self._w._agents:
                 continue
-            self.store.prune_records(records, partition, topic)
+            self._w.store.prune_records(records, partition, topic)

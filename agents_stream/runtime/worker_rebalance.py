@@ -1,4 +1,4 @@
-"""Rebuild-on-assign, revoke and lost partitions (a mixin of
+"""Rebuild-on-assign, revoke and lost partitions (:class:`Rebalance`, a part of
 :class:`~agents_stream.runtime.worker.Worker`); these run on the kafka thread, inside the
 consumer's rebalance callbacks.
 
@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -57,13 +57,13 @@ if TYPE_CHECKING:
     from .offsets import OffsetTracker
     from .timers import TimerService
     from .watermarks import WatermarkGenerator
+    from .worker_commits import Commits
 
 log = logging.getLogger("agents_stream.worker")
 
 
-class Rebalancing:
-    """Partition lifecycle. Expects the worker's bookkeeping (declared below) and the
-    commit protocol's methods."""
+class RebalanceHost(Protocol):
+    """What the partition lifecycle reads and updates of the worker."""
 
     app: App
     store: KafkaActionStateStore | None
@@ -96,80 +96,76 @@ class Rebalancing:
     _heartbeat_s: float
     shutdown_timeout: float
 
-    if TYPE_CHECKING:  # provided by the other units of the worker
+    commits: Commits
 
-        def _load_timers(
-            self,
-            topic: str,
-            partition: int,
-            timers: list[TimerEntry],
-            arm_at: int | None,
-            committed: int = -1,
-        ) -> None: ...
+    def _load_timers(
+        self,
+        topic: str,
+        partition: int,
+        timers: list[TimerEntry],
+        arm_at: int | None,
+        committed: int = -1,
+    ) -> None: ...
 
-        def _group_commit(
-            self, offsets: dict[tuple[str, int], int], asynchronous: bool
-        ) -> bool: ...
+    def _suspected(self) -> None: ...
 
-        def _committed(
-            self, offsets: dict[tuple[str, int], int]
-        ) -> dict[tuple[str, int], list[tuple[int, str]]]: ...
+    def _fail(self, exc: BaseException) -> None: ...
 
-        def _prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None: ...
 
-        def _committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]: ...
+class Rebalance:
+    """Partition lifecycle, for the worker ``w``: reads and updates its bookkeeping
+    (:class:`RebalanceHost`); the commit steps are the worker's :class:`Commits`."""
 
-        def _suspected(self) -> None: ...
+    def __init__(self, w: RebalanceHost) -> None:
+        self._w = w
 
-        def _fail(self, exc: BaseException) -> None: ...
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
         partitions already owned keep running meanwhile. Under an eager assignor it is
         the whole assignment, after a revoke of the whole previous one."""
-        self._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
+        self._w._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
         if not partitions:
             return  # a cooperative rebalance that added nothing here
         started = time.monotonic()
         replayed = 0
-        self.rebuilding = len(partitions)
-        if self.store is not None:  # all new journal partitions caught up in one pass
+        self._w.rebuilding = len(partitions)
+        if self._w.store is not None:  # all new journal partitions caught up in one pass
             fresh = {
                 tp.partition
                 for tp in partitions
-                if tp.topic in self._agents and self._state_refs[tp.partition] == 0
+                if tp.topic in self._w._agents and self._w._state_refs[tp.partition] == 0
             }
             try:
-                replayed = self.store.assign(*sorted(fresh)) if fresh else 0
+                replayed = self._w.store.assign(*sorted(fresh)) if fresh else 0
             except RebuildCancelled as exc:
                 # Stopping: none of them becomes owned, so their records are ignored and
                 # nothing is committed for them; the next owner rebuilds from the
                 # checkpoints this rebuild reached.
-                self.rebuilding = 0
+                self._w.rebuilding = 0
                 log.info("not taking %s: %s", _fmt(partitions), exc)
                 return
         for tp in partitions:
-            if tp.topic in self._agents and self.store is not None:
-                if self._state_refs[tp.partition] == 0:
-                    replayed += self.store.assign(tp.partition)
-                self._state_refs[tp.partition] += 1
+            if tp.topic in self._w._agents and self._w.store is not None:
+                if self._w._state_refs[tp.partition] == 0:
+                    replayed += self._w.store.assign(tp.partition)
+                self._w._state_refs[tp.partition] += 1
                 self._load_progress(tp.topic, tp.partition)
-                name = self._agents[tp.topic].name
-                timers = [t for t in self.store.timers(tp.partition) if t.agent == name]
+                name = self._w._agents[tp.topic].name
+                timers = [t for t in self._w.store.timers(tp.partition) if t.agent == name]
                 arm_at, committed = input_end(
-                    consumer, tp.topic, tp.partition, earliest=self._reset_earliest
+                    consumer, tp.topic, tp.partition, earliest=self._w._reset_earliest
                 )
-                assert self._loop is not None
+                assert self._w._loop is not None
                 # Runs on the loop before any record fetched by this consume call.
-                self._loop.call_soon_threadsafe(
-                    self._load_timers, tp.topic, tp.partition, timers, arm_at, committed
+                self._w._loop.call_soon_threadsafe(
+                    self._w._load_timers, tp.topic, tp.partition, timers, arm_at, committed
                 )
-            self._owned.add((tp.topic, tp.partition))
-            self.ownership.acquire(tp.topic, tp.partition)
-        if self._paused:
+            self._w._owned.add((tp.topic, tp.partition))
+            self._w.ownership.acquire(tp.topic, tp.partition)
+        if self._w._paused:
             consumer.pause(partitions)
-        self.rebuilding = 0
-        self.stats["journal_records_replayed"] += replayed
+        self._w.rebuilding = 0
+        self._w.stats["journal_records_replayed"] += replayed
         log.info(
             "assigned %s (replayed %d journal records in %.2fs)",
             _fmt(partitions),
@@ -180,53 +176,53 @@ class Rebalancing:
     def _load_progress(self, topic: str, partition: int) -> None:
         """Kafka thread, after the cache rebuild: the partition's completed-through marker
         (records below it are skipped, see ``host/progress.py``)."""
-        assert self.progress is not None
-        self.progress.load(topic, partition)
+        assert self._w.progress is not None
+        self._w.progress.load(topic, partition)
 
-    def _on_revoke(
+    def on_revoke(
         self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool = False
     ) -> None:
         """Incremental (cooperative-sticky): only the partitions taken away; the others
         keep running. ``lost``: see :meth:`_on_lost`."""
-        self._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
-        revoked = {(tp.topic, tp.partition) for tp in partitions} & self._owned
-        self._unconfirmed -= {(tp.topic, tp.partition) for tp in partitions}
+        self._w._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
+        revoked = {(tp.topic, tp.partition) for tp in partitions} & self._w._owned
+        self._w._unconfirmed -= {(tp.topic, tp.partition) for tp in partitions}
         if not revoked:
             return
         if lost:  # fence first: from here on nothing of them runs or is written
             for topic, partition in revoked:
-                self.ownership.release(topic, partition)
-        assert self._loop is not None
+                self._w.ownership.release(topic, partition)
+        assert self._w._loop is not None
         # This thread is blocked in the callback, so the loop side cannot call back into
         # it: the loop quiesces and snapshots, this thread commits, the loop forgets.
         abandoned, offsets = asyncio.run_coroutine_threadsafe(
-            self._quiesce(revoked, 0.0 if lost else self.shutdown_timeout), self._loop
+            self._quiesce(revoked, 0.0 if lost else self._w.shutdown_timeout), self._w._loop
         ).result()
         committed: dict[tuple[str, int], int] = {}
         marked = True
-        if not lost and (offsets or self.committer.pending):
+        if not lost and (offsets or self._w.committer.pending):
             # Synchronous; with exactly-once the open transaction, holding finished
             # records of every partition, commits now with the revoked ones' offsets.
             try:
-                marked = self._group_commit(offsets, False)
+                marked = self._w.commits.group_commit(offsets, False)
                 committed = offsets
             except TransactionFailed as exc:
-                self._lose_everything(str(exc))
+                self.lose_everything(str(exc))
             except KafkaIOError as exc:
                 log.warning("commit on revoke failed: %s", exc)
         done = asyncio.run_coroutine_threadsafe(
-            self._forget(revoked, committed), self._loop
+            self._forget(revoked, committed), self._w._loop
         ).result()
         if marked and not lost:
-            self._prune(done)
+            self._w.commits.prune(done)
         for topic, partition in revoked:
-            self.ownership.release(topic, partition)  # after the commit's own writes
-            self._owned.discard((topic, partition))
-            if topic in self._agents and self.store is not None:
-                self._state_refs[partition] -= 1
-                if self._state_refs[partition] <= 0:
-                    self._state_refs.pop(partition, None)
-                    self.store.revoke(partition)
+            self._w.ownership.release(topic, partition)  # after the commit's own writes
+            self._w._owned.discard((topic, partition))
+            if topic in self._w._agents and self._w.store is not None:
+                self._w._state_refs[partition] -= 1
+                if self._w._state_refs[partition] <= 0:
+                    self._w._state_refs.pop(partition, None)
+                    self._w.store.revoke(partition)
         log.info(
             "%s %s (%d in-flight records abandoned)",
             "lost" if lost else "revoked",
@@ -234,77 +230,77 @@ class Rebalancing:
             abandoned,
         )
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions taken without a revoke (this member's session expired, e.g. after
         a stall): another member may own them already, so they are fenced at once and
         their in-flight work abandoned, not drained; neither offsets nor
         completed-through markers are written for them; their uncommitted records run
         again on the new owner, calls replayed from the journal."""
         log.warning("lost %s without a revoke (session expired?)", _fmt(partitions))
-        if self.transactions is not None:
+        if self._w.transactions is not None:
             # The open transaction holds their finished records' outputs, which their
             # next owner sends again: it must abort, and with it what it holds of the
             # other partitions, which are therefore taken again too.
-            self._lose_everything(f"lost {_fmt(partitions)}")
-        self._on_revoke(consumer, partitions, lost=True)
+            self.lose_everything(f"lost {_fmt(partitions)}")
+        self.on_revoke(consumer, partitions, lost=True)
 
-    def _lose_everything(self, why: str) -> None:
+    def lose_everything(self, why: str) -> None:
         """Kafka thread (exactly-once): suspend every hold now; the loop then releases
         them all, aborts the transaction and asks the group (:meth:`_after_freeze`)."""
-        if self.ownership.suspended is None:
-            self.ownership.suspend(f"{why}: the open transaction is aborted")
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._suspected)
+        if self._w.ownership.suspended is None:
+            self._w.ownership.suspend(f"{why}: the open transaction is aborted")
+        assert self._w._loop is not None
+        self._w._loop.call_soon_threadsafe(self._w._suspected)
 
-    def _after_freeze(self) -> None:
+    def after_freeze(self) -> None:
         """Kafka thread, once the holds were suspended (see the module doc): release
         every partition as lost, then let :meth:`_confirm` ask the group."""
-        held = [TopicPartition(t, p) for t, p in sorted(self._owned)]
+        held = [TopicPartition(t, p) for t, p in sorted(self._w._owned)]
         if held:
-            self._on_revoke(self.consumer, held, lost=True)
-        if self.transactions is not None:
+            self.on_revoke(self._w.consumer, held, lost=True)
+        if self._w.transactions is not None:
             # Nothing of the abandoned records may commit (their next run sends them).
             try:
-                self.transactions.abort()
+                self._w.transactions.abort()
             except Exception as exc:  # no transaction can begin: nothing can commit
                 log.critical("transactional producer unusable, stopping: %s", exc)
-                assert self._loop is not None
-                self._loop.call_soon_threadsafe(self._fail, exc)
+                assert self._w._loop is not None
+                self._w._loop.call_soon_threadsafe(self._w._fail, exc)
                 return
-        self._unconfirmed |= {(tp.topic, tp.partition) for tp in held}
+        self._w._unconfirmed |= {(tp.topic, tp.partition) for tp in held}
         # librdkafka heartbeats on its own thread: after one interval (and a margin) it
         # has heard whether the session survived, and delivers the loss on the next poll.
-        self._verify_at = time.monotonic() + self._heartbeat_s + 0.5
-        self.ownership.resume()  # nothing is held now; new assignments are real
+        self._w._verify_at = time.monotonic() + self._w._heartbeat_s + 0.5
+        self._w.ownership.resume()  # nothing is held now; new assignments are real
 
-    def _confirm(self) -> None:
+    def confirm(self) -> None:
         """Kafka thread: take back the partitions released after a freeze that the group
         still gives this member. The coordinator accepts a commit only from a member of
         the current generation, so one synchronous commit of their committed offsets (a
         no-op for the group) is the confirmation."""
-        assignment = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
-        self._unconfirmed &= assignment
-        if not self._unconfirmed:
+        assignment = {(tp.topic, tp.partition) for tp in self._w.consumer.assignment()}
+        self._w._unconfirmed &= assignment
+        if not self._w._unconfirmed:
             return
-        tps = [TopicPartition(t, p) for t, p in sorted(self._unconfirmed)]
+        tps = [TopicPartition(t, p) for t, p in sorted(self._w._unconfirmed)]
         try:
-            committed = self.consumer.committed(tps, timeout=self.shutdown_timeout)
+            committed = self._w.consumer.committed(tps, timeout=self._w.shutdown_timeout)
             known = [tp for tp in committed if tp.offset >= 0]
             if known:
-                self.consumer.commit(offsets=known, asynchronous=False)
+                self._w.consumer.commit(offsets=known, asynchronous=False)
         except Exception as exc:  # a stale generation, a rebalance under way: not yet
             log.info("group did not confirm %s yet: %s", _fmt(tps), exc)
-            self._verify_at = time.monotonic() + 1.0
+            self._w._verify_at = time.monotonic() + 1.0
             return
-        self._unconfirmed.clear()
+        self._w._unconfirmed.clear()
         for tp in committed:  # fetched again from the committed offset (or the start)
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             try:
-                self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+                self._w.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
             except Exception as exc:
                 log.warning("%s[%d]: seek to %d failed: %s", tp.topic, tp.partition, offset, exc)
         log.info("group confirmed %s after the freeze: taking them again", _fmt(tps))
-        self._on_assign(self.consumer, tps)
+        self.on_assign(self._w.consumer, tps)
 
     async def _quiesce(
         self, revoked: set[tuple[str, int]], timeout: float
@@ -314,29 +310,29 @@ class Rebalancing:
         their in-flight work is drained for up to ``timeout`` (0: cancelled at once).
         Returns the abandoned count and the offsets to commit."""
         for topic, partition in revoked:
-            if topic in self._agents:
-                self.timers.drop(self._agents[topic].name, partition)
-                self._arm_at.pop((topic, partition), None)
-        abandoned = await self.controller.drain(revoked, timeout)
-        return abandoned, self._committable(revoked)
+            if topic in self._w._agents:
+                self._w.timers.drop(self._w._agents[topic].name, partition)
+                self._w._arm_at.pop((topic, partition), None)
+        abandoned = await self._w.controller.drain(revoked, timeout)
+        return abandoned, self._w.commits.committable(revoked)
 
     async def _forget(
         self, revoked: set[tuple[str, int]], committed: dict[tuple[str, int], int]
     ) -> dict[tuple[str, int], list[tuple[int, str]]]:
         """Loop side of a revoke, after the commit: drop the partitions' bookkeeping;
         returns the finished records the commit covers (to prune)."""
-        done = self._committed(committed)
+        done = self._w.commits.committed(committed)
         for topic, partition in revoked:
-            if topic in self._watermarks:
-                self._watermarks[topic].forget(partition)
-            host = self._async_ios.get(topic)
+            if topic in self._w._watermarks:
+                self._w._watermarks[topic].forget(partition)
+            host = self._w._async_ios.get(topic)
             if host is not None:  # a revoked partition must not hold back the watermark
                 host.forget_partitions([partition])
-            self.offsets.drop(topic, partition)
-            self._routes.pop((topic, partition), None)
-            self._finished.pop((topic, partition), None)
-            self._rewinds.pop((topic, partition), None)
-            self._first_expected.pop((topic, partition), None)
+            self._w.offsets.drop(topic, partition)
+            self._w._routes.pop((topic, partition), None)
+            self._w._finished.pop((topic, partition), None)
+            self._w._rewinds.pop((topic, partition), None)
+            self._w._first_expected.pop((topic, partition), None)
         return done
 
 

@@ -93,5 +93,5 @@ def test_a_revoke_forgets_the_partition_s_rewind(tmp_path) -> None:
     rewind(worker, 10, 15)
     # Built by run_async, which these tests do not start.
     worker._watermarks, worker._async_ios, worker.offsets = {}, {}, OffsetTracker()
-    asyncio.run(worker._forget({TP}, {}))
+    asyncio.run(worker.rebalance._forget({TP}, {}))
     assert TP not in worker._rewinds

@@ -1,7 +1,7 @@
 """Worker commit protocol without a broker: which thread touches what, and failures.
 
 The offset and finished-record bookkeeping is mutated on the event loop as records
-finish; the consumer lives on the kafka thread. These tests drive ``_commit_loop`` with
+finish; the consumer lives on the kafka thread. These tests drive ``Commits.run`` with
 a fake consumer and store and check that the bookkeeping never crosses threads, that
 records finishing during a commit survive its prune, and that a commit loop that dies
 stops the worker with a non-zero exit.
@@ -156,7 +156,7 @@ def test_records_finishing_during_a_commit_survive_its_prune(tmp_path):
         await bind(worker)
         for offset in range(3):
             finish(worker, offset, f"k{offset}")
-        loop = asyncio.create_task(worker._commit_loop())
+        loop = asyncio.create_task(worker.commits.run())
         await asyncio.get_running_loop().run_in_executor(None, consumer.entered.wait, 5)
         for offset in range(3, 6):  # finish while the commit call is in flight
             finish(worker, offset, f"k{offset}")
@@ -188,7 +188,7 @@ def test_a_kafka_commit_error_is_retried(tmp_path, caplog):
     async def main():
         await bind(worker)
         finish(worker, 0, "k")
-        loop = asyncio.create_task(worker._commit_loop())
+        loop = asyncio.create_task(worker.commits.run())
         for _ in range(300):
             if consumer.commits:
                 break
@@ -216,15 +216,15 @@ def test_a_failed_asynchronous_commit_is_retried(tmp_path, caplog):
         await bind(worker)
         worker._loop = asyncio.get_running_loop()
         finish(worker, 0, "k")
-        await worker._commit(None, asynchronous=True)
-        assert worker._committable(None) == {}
-        worker._commit_done(None, [TopicPartition(*TP, 1)])  # landed: nothing to redo
+        await worker.commits.commit(None, asynchronous=True)
+        assert worker.commits.committable(None) == {}
+        worker.commits.commit_done(None, [TopicPartition(*TP, 1)])  # landed: nothing to redo
         await asyncio.sleep(0.01)
-        assert worker._committable(None) == {}
+        assert worker.commits.committable(None) == {}
         error = KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
-        worker._commit_done(error, [TopicPartition(*TP, 1)])
+        worker.commits.commit_done(error, [TopicPartition(*TP, 1)])
         await asyncio.sleep(0.01)  # the retry mark is made on the loop
-        assert worker._committable(None) == {TP: 1}
+        assert worker.commits.committable(None) == {TP: 1}
         worker._kafka.shutdown(wait=True)
 
     with caplog.at_level(logging.WARNING, "agents_stream.worker"):
@@ -244,7 +244,7 @@ def test_records_below_its_own_marker_are_skipped_if_handed_over_again(tmp_path)
         await bind(worker)
         for offset in range(3):
             finish(worker, offset, f"k{offset}")
-        await worker._commit(None, asynchronous=True)
+        await worker.commits.commit(None, asynchronous=True)
         worker._kafka.shutdown(wait=True)
 
     asyncio.run(main())
@@ -259,7 +259,7 @@ def test_records_below_its_own_marker_are_skipped_if_handed_over_again(tmp_path)
         await bind(worker)
         worker._kafka = ThreadPoolExecutor(1)  # the first run shut its own down
         finish(worker, 3, "k3")
-        await worker._commit(None, asynchronous=True)
+        await worker.commits.commit(None, asynchronous=True)
         worker._kafka.shutdown(wait=True)
 
     asyncio.run(again())
@@ -277,7 +277,7 @@ def test_a_crashing_commit_loop_stops_the_worker_non_zero(tmp_path, caplog, fail
     async def main():
         await bind(worker)
         finish(worker, 0, "k")
-        loop = asyncio.create_task(worker._commit_loop())
+        loop = asyncio.create_task(worker.commits.run())
         try:
             await asyncio.wait_for(worker._stopping.wait(), 2)
         finally:
@@ -330,7 +330,7 @@ def test_a_revoked_partition_fires_no_timer_after_the_revoke(tmp_path):
         worker.controller.submit("r", TP, record, lambda ok: None)
         # Due once the record finishes, i.e. while the revoke drains partition 0.
         worker.controller.watermark(10, lambda wm: worker._watermark_done("in", wm))
-        await worker._on_kafka(worker._on_revoke, worker.consumer, [TopicPartition(*TP)])
+        await worker._on_kafka(worker.rebalance.on_revoke, worker.consumer, [TopicPartition(*TP)])
         await asyncio.sleep(0.05)
         await worker.controller.join()
         worker._kafka.shutdown(wait=True)

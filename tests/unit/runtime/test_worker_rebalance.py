@@ -65,7 +65,7 @@ def drive(worker, callback, partitions) -> None:
 def test_lost_partition_is_dropped_without_commit_or_marker(tmp_path):
     store = Store()
     worker = rebalance_worker(tmp_path, store)
-    drive(worker, worker._on_lost, [TopicPartition(*TP)])
+    drive(worker, worker.rebalance.on_lost, [TopicPartition(*TP)])
     assert worker.consumer.commits == []  # type: ignore[attr-defined]
     assert store.markers == [] and store.pruned == []
     assert TP not in worker._owned and store.revoked == [0]
@@ -74,7 +74,7 @@ def test_lost_partition_is_dropped_without_commit_or_marker(tmp_path):
 def test_revoked_partition_is_committed_and_marked_first(tmp_path):
     store = Store()
     worker = rebalance_worker(tmp_path, store)
-    drive(worker, worker._on_revoke, [TopicPartition(*TP)])
+    drive(worker, worker.rebalance.on_revoke, [TopicPartition(*TP)])
     assert worker.consumer.commits == [{TP: 2}]  # type: ignore[attr-defined]
     assert [m.offset for m in store.markers] == [2]
     assert TP not in worker._owned and store.revoked == [0]
@@ -82,7 +82,7 @@ def test_revoked_partition_is_committed_and_marked_first(tmp_path):
 
 def test_empty_incremental_assignment_changes_nothing(tmp_path):
     worker = rebalance_worker(tmp_path, Store(assign_error=AssertionError("no rebuild")))
-    worker._on_assign(worker.consumer, [])  # type: ignore[arg-type]
+    worker.rebalance.on_assign(worker.consumer, [])  # type: ignore[arg-type]
     assert worker._owned == {TP} and worker.rebuilding == 0
 
 
@@ -91,6 +91,6 @@ def test_assignment_whose_rebuild_is_cancelled_takes_no_partition(tmp_path):
     worker = rebalance_worker(tmp_path, store)
     worker._owned.clear()
     worker._state_refs.clear()
-    worker._on_assign(worker.consumer, [TopicPartition("in", 1)])  # type: ignore[arg-type]
+    worker.rebalance.on_assign(worker.consumer, [TopicPartition("in", 1)])  # type: ignore[arg-type]
     assert worker._owned == set() and worker.rebuilding == 0
     assert worker._state_refs.get(1, 0) == 0  # no cache held for it
