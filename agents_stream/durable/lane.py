@@ -136,7 +136,7 @@ class RecordLane(Generic[T]):
         self._ready: list[tuple[Callable[[Any], None], Any]] = []
         self._scheduled = False  # a round is scheduled
         self._group: list[tuple[_Run, ActionDone, RecordOutcome]] = []
-        self._live: dict[int, _Run] = {}  # suspended actions, by id of their run
+        self._live: dict[Any, _Run] = {}  # suspended actions, by ticket
         self._waits: set[asyncio.Future[Any]] = set()
         # Resolved on other threads (a pool result, a journal ack): see _from_thread.
         self._incoming: deque[tuple[Callable[[Any], None], Any]] = deque()
@@ -241,7 +241,7 @@ class RecordLane(Generic[T]):
     def _stepped(self, run: _Run, step: Any) -> None:
         """``run``'s action returned, raised, or waits for the awaitable ``step``."""
         if type(step) is Finished:
-            self._live.pop(id(run), None)
+            self._live.pop(run.ticket, None)
             release(run.child)  # type: ignore[arg-type]
             _, error = step.take()
             if error is not None:
@@ -251,7 +251,7 @@ class RecordLane(Generic[T]):
             else:
                 self._returned(run)
             return
-        self._live[id(run)] = run
+        self._live[run.ticket] = run
         if isinstance(step, Future):  # a code block's result, a journal ack
             self._wait_thread(step, partial(self._resume, run))
         else:

@@ -81,10 +81,13 @@ class AgentHost:
             lane = self._lanes[partition] = PartitionLane(self)
         return lane
 
-    def prepare(self, msg: Message, key: str) -> RecordInput | Exception | None:
-        """The record's runner input (``source`` is ``msg``); None when it is finished
-        already (a skipped tombstone), an exception when it cannot be decoded (it goes
-        to the DLQ: :meth:`dead_letter`)."""
+    def prepare(
+        self, msg: Message, key: str, partition: int, offset: int, keyless: bool
+    ) -> RecordInput | Exception | None:
+        """The record's runner input (``source`` is ``msg``; the other arguments are what
+        the dispatcher read of it already); None when it is finished already (a skipped
+        tombstone), an exception when it cannot be decoded (it goes to the DLQ:
+        :meth:`dead_letter`)."""
         self.counts["in"] += 1
         raw = msg.value()
         if raw is None:
@@ -103,7 +106,7 @@ class AgentHost:
             return exc
         raw_headers = msg.headers()
         headers = {k: v for k, v in raw_headers if v is not None} if raw_headers else {}
-        seq = msg.offset()
+        seq = offset
         if headers and REPLAY_HEADER in headers:
             replayed = self._replayed_seq(msg, headers)
             if replayed is not None:
@@ -112,10 +115,10 @@ class AgentHost:
             key=key,
             seq=seq,
             value=value,
-            partition=msg.partition(),
+            partition=partition,
             timestamp=msg.timestamp()[1],
             headers=headers,
-            keyless=msg.key() is None,
+            keyless=keyless,
             source=msg,
         )
 

@@ -225,15 +225,16 @@ class ExecutionController:
         if in_flight >= self.max_in_flight:
             self._capacity.clear()
         key = item.key
-        buffer = self._buffers.get(key)
-        if buffer is None and key not in self._busy and not self._strict and not self._drains:
+        buffers = self._buffers
+        if key not in buffers and key not in self._busy and not self._strict and not self._drains:
             # Its key is idle (most records): started at once, no buffer made. While a
             # drain runs, _pump decides (a waiting record admitted now may be of its
             # group).
             self._start(item)
             return
+        buffer = buffers.get(key)
         if buffer is None:  # not setdefault: that builds a deque per record
-            buffer = self._buffers[item.key] = deque()
+            buffer = buffers[key] = deque()
         # Epoch order first: a timer of an older epoch must not wait behind records that
         # (in strict mode) cannot start before its watermark is emitted.
         position = len(buffer)
@@ -247,6 +248,8 @@ class ExecutionController:
             self._admit(heapq.heappop(self._waiting).item)
 
     def _pump(self, key: Hashable) -> None:
+        if key not in self._buffers:  # nothing waits for the key (most records)
+            return
         while True:
             if key in self._busy:
                 return
@@ -275,11 +278,10 @@ class ExecutionController:
         self._busy.add(head.key)
         lane = head.lane
         if lane is not None:
-            ready = self._ready.get(lane)
-            if ready is None:
-                self._ready[lane] = [head]
+            if lane in self._ready:
+                self._ready[lane].append(head)
             else:
-                ready.append(head)
+                self._ready[lane] = [head]
             if not self._handing:
                 self._handing = True
                 asyncio.get_running_loop().call_soon(self._hand_over)

@@ -558,7 +558,7 @@ class Worker:
             # All agents of an app share memory per key, so they also share key order.
             # Keyless records share neither: each is its own "key" (InputEvent.key == "").
             order_key = key if raw_key is not None else ("", topic, partition, offset)
-            record = host.prepare(msg, key)
+            record = host.prepare(msg, key, partition, offset, raw_key is None)
             if record is None:  # a skipped tombstone: finished as it is
                 done(True)
             elif type(record) is RecordInput:
