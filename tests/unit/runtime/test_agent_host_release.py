@@ -26,3 +26,29 @@ def test_keys_are_released_before_the_outputs_ack_only_when_failures_are_dead_le
 
     lane = asyncio.run(make())
     assert lane._lane._release_early is early
+
+
+def test_a_partition_gets_a_new_lane_once_a_drain_stopped_its_lane() -> None:
+    """A drain stops a lane whose records outlived its timeout; that lane reports
+    nothing more, so the partition's next records (after it is assigned again) must run
+    on a new one, and the worker's route of the partition must see it as stale."""
+    from agents_stream.runtime.worker import _Route
+
+    host = AgentHost.__new__(AgentHost)
+    host._on_error = "dlq"  # type: ignore[assignment]
+    host.runner = object()  # type: ignore[assignment]
+    host.controller = object()  # type: ignore[assignment]
+    host._lanes = {}
+    host.kept = set()  # type: ignore[assignment]
+
+    async def main() -> None:
+        first = host.lane(3)
+        assert host.lane(3) is first and host.lane(4) is not first
+        route = _Route(None, [], host, first, None)  # type: ignore[arg-type]
+        assert not route.stale
+        await first.stop()
+        assert route.stale
+        second = host.lane(3)
+        assert second is not first and not second.stopped
+
+    asyncio.run(main())
