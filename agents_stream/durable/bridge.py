@@ -202,6 +202,13 @@ def stepping() -> bool:
     return isinstance(current, _Bridged) and current.stepping
 
 
+def carrier() -> _Bridged | None:
+    """The carrier greenlet the caller runs in (``stepping`` tells an async action's),
+    or None: one lookup where a call asks both :func:`bridged` and :func:`stepping`."""
+    current = getcurrent()
+    return current if isinstance(current, _Bridged) else None
+
+
 def bridged() -> bool:
     """Whether the caller runs inside :func:`run_bridged` (may call :func:`await_`)."""
     return isinstance(getcurrent(), _Bridged)
