@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from ..agent import learn_calls_sync
 from ..events import Event, OutputEvent
-from .ackfuture import AckFuture, serve_due
+from .ackfuture import serve_due
 from .acks import acked
 from .bridge import await_, bridged, carrier
 from .callable import DurableCallable, RetryPolicy
@@ -205,19 +205,6 @@ def _run_guarded(
         # Also on BaseException: a thread's context outlives this call, and a leaked
         # flag would forbid memory to every later action on that thread.
         _IN_CODE_BLOCK.reset(token)
-
-
-def _journaled(
-    out: AckFuture[tuple[Any, Exception | None, PayloadError | None]],
-    result: Any,
-    refusal: PayloadError | None,
-    ack: Future[None],
-) -> None:
-    error = ack.exception()
-    if error is not None:
-        out.set_exception(error)
-    else:
-        out.set_result((result if refusal is None else None, None, refusal))
 
 
 async def _in_code_block(awaitable: Awaitable[Any], flight: Flight | None = None) -> Any:
@@ -585,43 +572,22 @@ class RunnerContext:
         flight: Flight,
     ) -> Any:
         """The attempts of a sync call, then its journaled outcome (acked)."""
-        pool = self._config.executor if pooled else None
         tries = 0
         while True:
             tries += 1
             error: Exception | None = None
             self._blocks.running += 1  # type: ignore[union-attr]  # made by _flight
-            if isinstance(pool, CodeBlockPool):
-                # The pool thread journals a result itself: the action resumes once, on
-                # the ack, instead of once for the result and again for the ack. A failed
-                # append raises here, never journaled as the call's outcome.
-                out: AckFuture[tuple[Any, Exception | None, PayloadError | None]]
-                out = AckFuture()
-                ctx = contextvars.copy_context()
-                try:
-                    pool.post(out, ctx.run, self._call_and_journal, out, index, call,
-                              started, attempts + tries, target, args, kwargs, flight)  # fmt: skip
-                    result, error, refusal = await_(out)
-                finally:
-                    self._blocks.running -= 1  # type: ignore[union-attr]
-                if error is None:
-                    if refusal is not None:
-                        raise refusal
-                    return result
-                if isinstance(error, OwnershipLost):
-                    raise error  # not the call's outcome: the next owner runs it
-            else:
-                try:
-                    if pooled:
-                        result = await_(self._in_pool(target, args, kwargs, flight))
-                    else:
-                        result = _run_guarded(target, args, kwargs, flight)
-                except OwnershipLost:
-                    raise  # not the call's outcome: nothing journaled, the next owner runs it
-                except Exception as exc:
-                    error = exc
-                finally:
-                    self._blocks.running -= 1  # type: ignore[union-attr]
+            try:
+                if pooled:
+                    result = await_(self._in_pool(target, args, kwargs, flight))
+                else:
+                    result = _run_guarded(target, args, kwargs, flight)
+            except OwnershipLost:
+                raise  # not the call's outcome: nothing journaled, the next owner runs it
+            except Exception as exc:
+                error = exc
+            finally:
+                self._blocks.running -= 1  # type: ignore[union-attr]
             if error is not None:
                 if call.retry is not None and call.retry.should_retry(error, tries):
                     delay = call.retry.delay(tries)
@@ -639,31 +605,6 @@ class RunnerContext:
             if refusal is not None:
                 raise refusal
             return result
-
-    def _call_and_journal(
-        self,
-        out: AckFuture[tuple[Any, Exception | None, PayloadError | None]],
-        index: int,
-        call: _Call,
-        started: int,
-        attempts: int,
-        target: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        flight: Flight,
-    ) -> None:
-        """On a pool thread: run the code block; journal what it returned and resolve
-        ``out`` with ``(result, None, refusal)`` once that is acked. An exception of the
-        code block resolves ``out`` with ``(None, exc, None)`` at once (retried or
-        journaled by the action); an append that fails fails ``out``. The action is
-        suspended meanwhile, so its journal and counters have one writer."""
-        try:
-            result = _run_guarded(target, args, kwargs, flight)
-        except Exception as exc:
-            out.set_result((None, exc, None))
-            return
-        entry, refusal = self._outcome(index, call, started, result, attempts)
-        self._append(entry).add_done_callback(partial(_journaled, out, result, refusal))
 
     def _in_pool(
         self,

@@ -77,18 +77,6 @@ class CodeBlockPool(Executor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         fut: AckFuture[T] = AckFuture()
-        self._take()
-        self._queue.put((fut, fn, args, kwargs))
-        return fut
-
-    def post(self, out: AckFuture[Any], fn: Callable[..., None], /, *args: Any) -> None:
-        """``fn(*args)`` on a pool thread; ``fn`` resolves ``out`` itself, later or on
-        another thread (a code block that journals its result resolves it on the ack).
-        ``out`` fails if ``fn`` raises, or if the pool is shut down before running it."""
-        self._take()
-        self._queue.put((out, fn, args, None))
-
-    def _take(self) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new work after shutdown")
@@ -99,6 +87,8 @@ class CodeBlockPool(Executor):
                 else:
                     self.waited += 1
                     self._saturated()
+        self._queue.put((fut, fn, args, kwargs))
+        return fut
 
     def _saturated(self) -> None:
         now = time.monotonic()
@@ -131,16 +121,6 @@ class CodeBlockPool(Executor):
             if item is _STOP:
                 return
             fut, fn, args, kwargs = item
-            if kwargs is None:  # posted: fn resolves fut
-                try:
-                    fn(*args)
-                except BaseException as exc:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                with self._lock:
-                    self._outstanding -= 1
-                del item, fut, fn, args
-                continue
             error: BaseException | None = None
             result = None
             try:
