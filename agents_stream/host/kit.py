@@ -40,6 +40,7 @@ from ..durable.runner import ActionRunner, TimersHook
 from ..durable.sink import OutputSink
 from ..durable.store import ActionStateStore
 from ..kafka.config import delivery_timeout_ms, producer_config, transactional_config
+from ..kafka.deadline import Deadline
 from ..kafka.producer import AckingProducer
 from ..kafka.transactions import TransactionalProducer
 from ..serde.journal import default_journal_codec
@@ -92,6 +93,8 @@ class DurableHost:
             in its topic (``ActionRunner``): one journal write fewer per record; a
             recovered ActionDone of the last commit interval is looked up instead. The
             worker turns them off; the Faust host and backfill keep them.
+        deadline: bounds every transactional call (``kafka/deadline.py``); the worker
+            passes its own, whose blocked calls it counts and reports as not ready.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class DurableHost:
         ownership: Ownership | None = None,
         transactions: bool = False,
         emitted_markers: bool = True,
+        deadline: Deadline | None = None,
     ) -> None:
         self.app = app
         self.bootstrap = bootstrap
@@ -121,8 +125,14 @@ class DurableHost:
             self.producer = AckingProducer(producer_conf)
         self.transactions: TransactionalProducer | None = None
         if transactions and self.producer is not None:
+            txn_conf = transactional_config(producer_conf, f"{app.id}-{worker_id}")
+            # A transactional call that takes longer than the transaction may live is
+            # moot (the broker aborts it meanwhile): that is the calls' timeout, and the
+            # deadline this process enforces on them is a few seconds past it.
             self.transactions = TransactionalProducer(
-                transactional_config(producer_conf, f"{app.id}-{worker_id}")
+                txn_conf,
+                timeout=max(5.0, int(txn_conf["transaction.timeout.ms"]) / 1000),
+                deadline=deadline,
             )
         # Where a finished record's writes go: the open transaction, if any.
         outputs = self.transactions or self.producer

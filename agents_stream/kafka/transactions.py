@@ -32,6 +32,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from ..errors import KafkaIOError
+from .deadline import GRACE, Blocked, Deadline
 from .producer import AckingProducer
 
 log = logging.getLogger("agents_stream.transactions")
@@ -61,16 +62,27 @@ class TransactionFailed(KafkaIOError):
         super().__init__(message, code=code)
         self.fenced = fenced
 
+    @property
+    def denied(self) -> bool:
+        """Refused by the cluster's authorizer: no retry or new producer fares better."""
+        return self.code in _DENIED
+
 
 class TransactionalProducer(AckingProducer):
     """An :class:`AckingProducer` whose sends belong to the open transaction."""
 
-    def __init__(self, config: dict[str, Any], *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, config: dict[str, Any], *, timeout: float = 30.0, deadline: Deadline | None = None
+    ) -> None:
         if not config.get("transactional.id"):
             raise ValueError("a TransactionalProducer needs transactional.id")
         super().__init__(config)
         self.transactional_id = str(config["transactional.id"])
         self.timeout = timeout
+        # Every transactional call runs under a deadline this process enforces: librdkafka
+        # does not always keep the timeout it is given (kafka/deadline.py).
+        self.deadline = deadline or Deadline()
+        self._initialised = False  # init_transactions succeeded on the current producer
         self._gate = threading.Condition()
         self._held: list[_Send] | None = None  # sends queued while a commit runs
         self._producing = 0  # sends inside produce() right now
@@ -86,11 +98,21 @@ class TransactionalProducer(AckingProducer):
         their open transaction) on first use, then begin a transaction."""
         try:
             if not self._open:
-                self.producer.init_transactions(self.timeout)
-                self._open = True
+                self._call("init", self.producer.init_transactions, self.timeout)
+                self._initialised = self._open = True
             self.producer.begin_transaction()
         except KafkaException as exc:
             raise _failed("begin", exc) from exc
+
+    def _call(self, step: str, fn: Callable[..., None], *args: Any) -> None:
+        """A transactional call under the deadline; one that blocks past it leaves this
+        producer unusable (its transaction state unknown): TransactionFailed as fenced,
+        so the producer is replaced and the stuck transaction fenced by the new one."""
+        try:
+            self.deadline.call(f"transaction {step}", self.timeout + GRACE, fn, *args)
+        except Blocked as exc:
+            self._initialised = False
+            raise TransactionFailed(f"{exc}: replacing the producer", fenced=True) from exc
 
     def commit(
         self,
@@ -120,9 +142,15 @@ class TransactionalProducer(AckingProducer):
             faulty = bool(offsets) and self.sent >= 20
             if offsets:
                 _step("before-offsets", faulty)
-                producer.send_offsets_to_transaction(offsets, group_metadata, self.timeout)
+                self._call(
+                    "send offsets",
+                    producer.send_offsets_to_transaction,
+                    offsets,
+                    group_metadata,
+                    self.timeout,
+                )
                 _step("before-commit", faulty)
-            producer.commit_transaction(self.timeout)
+            self._call("commit", producer.commit_transaction, self.timeout)
             _step("after-commit", faulty)
             self.commits += 1
             self.sent = 0
@@ -155,9 +183,16 @@ class TransactionalProducer(AckingProducer):
         new one, whose initialisation aborts whatever the old one left open."""
         self.aborts += 1
         self.sent = 0
+        if not self._initialised and failure is None:
+            # A renewal that did not complete: nothing to abort, try it once more.
+            failure = TransactionFailed(
+                "the transactional producer is not initialised", fenced=True
+            )
         if failure is None or not failure.fenced:
             try:
-                self.producer.abort_transaction(self.timeout)
+                self._call("abort", self.producer.abort_transaction, self.timeout)
+            except TransactionFailed as blocked:
+                failure = blocked
             except KafkaException as exc:
                 failure = _failed("abort", exc)
                 if not failure.fenced:
@@ -170,22 +205,30 @@ class TransactionalProducer(AckingProducer):
         self._renew(failure)
 
     def _renew(self, why: TransactionFailed) -> None:
+        """A new producer with the same transactional.id: its initialisation bumps the
+        epoch, so the broker fences the old one and aborts its open transaction (or
+        completes one it was already committing) before the new one may begin: whatever
+        the old producer was doing, even stuck in a call, can no longer commit."""
         log.warning("%s: replacing the transactional producer %s", why, self.transactional_id)
         old = self._producer
+        stuck = self.deadline.abandoned > 0
         if old is not None:
             try:  # its records in flight fail now (their reports dispatched as usual)
-                old.purge()
+                # Not waiting on a producer that a stuck call may still be inside.
+                old.purge(blocking=not stuck)
                 old.poll(0)
             except Exception:  # a fatal producer may refuse even that
                 pass
         self.renewals += 1
+        self._initialised = False
         with self._lock:  # the poll thread reads _producer on every round
             self._producer = Producer(self._config)
         self._dispatch()
         try:
-            self._producer.init_transactions(self.timeout)
+            self._call("init", self._producer.init_transactions, self.timeout)
         except KafkaException as exc:
             raise _failed("init", exc) from exc
+        self._initialised = True
 
     # -- the gate ---------------------------------------------------------------------------
     def _hold(self) -> None:
@@ -197,7 +240,7 @@ class TransactionalProducer(AckingProducer):
     def _release(self, *, produce: bool) -> None:
         with self._gate:
             held, self._held = self._held or [], None
-        if self._open:
+        if self._open and self._initialised:  # else a renewal is still to come
             try:
                 self.producer.begin_transaction()
             except KafkaException as exc:

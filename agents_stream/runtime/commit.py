@@ -26,9 +26,10 @@ from typing import Protocol
 from confluent_kafka import Consumer, TopicPartition
 
 from ..durable.journal import InputProgress
-from ..durable.ownership import Ownership
+from ..durable.ownership import Ownership, OwnershipLost
 from ..errors import KafkaIOError
 from ..host.progress import CompletedThrough
+from ..kafka.deadline import GRACE, Blocked, Deadline
 from ..kafka.transactions import TransactionalProducer, TransactionFailed
 from ..state.kafka import KafkaActionStateStore
 
@@ -60,10 +61,17 @@ class AtLeastOnceCommit:
 
     pending = False
 
-    def __init__(self, consumer: Consumer, progress: CompletedThrough | None, timeout: float):
+    def __init__(
+        self,
+        consumer: Consumer,
+        progress: CompletedThrough | None,
+        timeout: float,
+        deadline: Deadline | None = None,
+    ):
         self._consumer = consumer
         self._progress = progress
         self._timeout = timeout
+        self._deadline = deadline or Deadline()
 
     def commit(
         self, offsets: Offsets, markers: Sequence[InputProgress], *, asynchronous: bool
@@ -73,14 +81,25 @@ class AtLeastOnceCommit:
         # (revoke, shutdown) waits for a rebalance in progress, ~3 s measured: not every
         # interval, or the partitions that did not move would stall.
         if offsets:
+            positions = _positions(offsets)
             try:
-                self._consumer.commit(offsets=_positions(offsets), asynchronous=asynchronous)
+                if asynchronous:
+                    self._consumer.commit(offsets=positions, asynchronous=True)
+                else:  # librdkafka waits for the coordinator without a timeout of its own
+                    self._deadline.call(
+                        "offset commit", self._timeout + GRACE, self._commit_now, positions
+                    )
+            except Blocked:
+                raise
             except Exception as exc:
                 raise KafkaIOError(f"offset commit failed: {exc}") from exc
         # The markers state that the records finished, whether or not the commit landed.
         if not markers or self._progress is None:
             return True
         return self._progress.write(markers, self._timeout)
+
+    def _commit_now(self, positions: list[TopicPartition]) -> None:
+        self._consumer.commit(offsets=positions, asynchronous=False)
 
 
 class TransactionalCommit:
@@ -108,9 +127,14 @@ class TransactionalCommit:
         self, offsets: Offsets, markers: Sequence[InputProgress], *, asynchronous: bool
     ) -> bool:
         store, ownership = self._store, self._ownership
-        for marker in markers:  # into the open transaction; its commit waits for them
-            assert store is not None
-            store.append([marker], marker.partition)
+        try:
+            for marker in markers:  # into the open transaction; its commit waits for them
+                assert store is not None
+                store.append([marker], marker.partition)
+        except OwnershipLost as exc:
+            # Only a suspension of every hold gets here (a partition revoked since the
+            # snapshot is excluded before): abort, as for any partition lost.
+            raise TransactionFailed(f"not committing: {exc}") from exc
 
         def still_held() -> None:
             # The last look before the commit: a partition lost meanwhile must not have

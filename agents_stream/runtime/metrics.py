@@ -70,6 +70,17 @@ WORKER_COUNTERS = (
         "transaction markers, or records the client never delivered)",
     ),
     (
+        "kafka_calls_blocked",
+        "kafka_calls_blocked",
+        "Kafka client calls (transactions, synchronous commits) that blocked past the "
+        "worker's own deadline: their client was replaced or the call retried",
+    ),
+    (
+        "commit_partitions_excluded",
+        "commit_partitions_excluded",
+        "partitions left out of a commit because a rebalance took them after its snapshot",
+    ),
+    (
         "offset_gaps_recovered",
         "offset_gaps_recovered",
         "offset gaps the client had skipped: fetched again from the first missing offset",
@@ -392,6 +403,9 @@ class MetricsServer:
             return True, "ok"
         if self.worker.rebuilding:
             return False, "rebuilding caches"
+        blocked = self.worker.deadline.blocked
+        if blocked is not None:
+            return False, f"{blocked} blocked past its deadline"
         return False, "no partitions assigned"
 
 

@@ -60,6 +60,7 @@ from ..kafka.admin import (
     validate_topic_names,
 )
 from ..kafka.config import configure, consumer_config
+from ..kafka.deadline import GRACE, Blocked, Deadline
 from ..kafka.transactions import TransactionalProducer
 from ..state.kafka import KafkaActionStateStore
 from .agent_host import AgentHost, PartitionLane
@@ -170,6 +171,9 @@ class Worker:
         self._unconfirmed: set[tuple[str, int]] = set()
         self._verify_at = 0.0
         self.transactions: TransactionalProducer | None = None  # exactly-once (_setup)
+        # Blocking client calls (transactions, synchronous commits, close) run under a
+        # deadline this worker enforces: past it, one WARNING, a count, not ready.
+        self.deadline = Deadline(on_blocked=self._blocked)
         self._last_poll = time.monotonic()
         # The commit protocol and the partition lifecycle: parts of this worker that read
         # its bookkeeping when they run (so what _setup builds later is what they see).
@@ -205,8 +209,9 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        """Partitions assigned and their caches rebuilt (``_owned`` is filled after)."""
-        return bool(self._owned) and not self.rebuilding
+        """Partitions assigned and their caches rebuilt (``_owned`` is filled after),
+        and no Kafka client call stuck past its deadline since one last returned."""
+        return bool(self._owned) and not self.rebuilding and self.deadline.blocked is None
 
     @property
     def owned_partitions(self) -> frozenset[tuple[str, int]]:
@@ -258,6 +263,7 @@ class Worker:
             ownership=self.ownership,
             transactions=app.exactly_once,
             emitted_markers=False,
+            deadline=self.deadline,
         )
         assert self.kit.producer is not None and self.kit.dlq is not None
         self.producer = self.kit.producer
@@ -318,7 +324,7 @@ class Worker:
                 self.store, self.worker_id, rerun_completed=app.rerun_completed
             )
         self.committer: GroupCommit = (
-            AtLeastOnceCommit(self.consumer, self.progress, self.shutdown_timeout)
+            AtLeastOnceCommit(self.consumer, self.progress, self.shutdown_timeout, self.deadline)
             if self.transactions is None
             else TransactionalCommit(self.consumer, self.transactions, self.store, self.ownership)
         )
@@ -758,6 +764,10 @@ class Worker:
             line = denied(f"reading its inputs ({err.str()})", f"Read and Describe on {topics}")
         raise KafkaIOError(line, code=err.code())
 
+    def _blocked(self, operation: str, seconds: float) -> None:
+        """Any thread: a client call passed its deadline (kafka/deadline.py)."""
+        self.stats["kafka_calls_blocked"] += 1
+
     def _fail(self, exc: BaseException) -> None:
         self.fatal = exc
         self.exit_code = 1
@@ -778,7 +788,15 @@ class Worker:
                 await self.commits.commit(None)
             except KafkaIOError as exc:
                 log.warning("final commit failed: %s", exc)
-        await self._on_kafka(self.consumer.close)
+        try:  # leaving the group asks its coordinator, which may be gone
+            await self._on_kafka(
+                self.deadline.call,
+                "consumer close",
+                self.shutdown_timeout + GRACE,
+                self.consumer.close,
+            )
+        except Blocked as exc:
+            log.warning("not waiting for the consumer to leave the group: %s", exc)
         await self._loop.run_in_executor(None, self.kit.close)  # type: ignore[union-attr]
         self._kafka.shutdown(wait=False)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -40,11 +40,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from heapq import heappop
 from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from ..durable.ownership import OwnershipLost
 from ..errors import KafkaIOError
 from ..kafka.transactions import TransactionFailed
 
@@ -58,6 +60,25 @@ if TYPE_CHECKING:
     from .offsets import OffsetTracker
 
 log = logging.getLogger("agents_stream.worker")
+
+
+Partition = tuple[str, int]
+
+
+class Snapshot(dict[Partition, int]):
+    """Offsets to commit, taken on the loop, with the hold (``Ownership`` generation)
+    each partition had then. The commit runs later on the kafka thread, where the
+    rebalance callbacks run too: by then a partition may have been revoked (its own
+    commit done in the callback) or lost, or revoked and assigned again (a new hold).
+    :meth:`held` is what is still held under the same hold, decided on that thread, so no
+    callback can change it before the commit is made."""
+
+    def __init__(self, offsets: dict[Partition, int], leases: dict[Partition, int]) -> None:
+        super().__init__(offsets)
+        self.leases = leases
+
+    def held(self, lease: Callable[[str, int], int]) -> dict[Partition, int]:
+        return {tp: o for tp, o in self.items() if lease(*tp) == self.leases.get(tp, -1)}
 
 
 class CommitHost(Protocol):
@@ -101,6 +122,10 @@ class Commits:
                 await self.commit(None, asynchronous=True)
             except KafkaIOError as exc:
                 log.warning("commit failed (will retry): %s", exc)
+            except OwnershipLost as exc:
+                # A hold ended under the commit (the watchdog's suspension, a loss): what
+                # it would have written is the partition's next owner's to write.
+                log.warning("commit skipped: %s", exc)
             except Exception as exc:
                 log.critical(
                     "commit loop failed (%s: %s): stopping the worker; uncommitted input "
@@ -122,24 +147,37 @@ class Commits:
         if not offsets and not self._w.committer.pending:
             return
         try:
-            marked = await self._w._on_kafka(self.group_commit, offsets, asynchronous)
+            marked, held = await self._w._on_kafka(self.group_commit, offsets, asynchronous)
         except TransactionFailed as exc:
             self.transaction_failed(exc)
             return
-        done = self.committed(offsets)
+        done = self.committed(held)
         if marked:  # unmarked: the records stay journaled, which is safe
             await self._w._on_kafka(self.prune, done)
 
-    def group_commit(self, offsets: dict[tuple[str, int], int], asynchronous: bool) -> bool:
-        """Kafka thread: steps 2 and 3 (``runtime/commit.py``); whether the markers are
-        durable. Also the revoke's commit (synchronous, inside the callback)."""
+    def group_commit(
+        self, offsets: Snapshot, asynchronous: bool
+    ) -> tuple[bool, dict[Partition, int]]:
+        """Kafka thread: steps 2 and 3 (``runtime/commit.py``) for the partitions of
+        ``offsets`` still held under the hold they were snapshotted with (the others
+        were revoked or lost meanwhile: their own callback committed or fenced them).
+        Returns whether the markers are durable and the offsets committed. Also the
+        revoke's commit (synchronous, inside the callback)."""
+        held = offsets.held(self._w.ownership.lease)
+        if len(held) < len(offsets):
+            gone = sorted(set(offsets) - set(held))
+            self._w.stats["commit_partitions_excluded"] += len(gone)
+            log.info(
+                "commit: %s no longer held since the snapshot (revoked or lost): excluded",
+                ", ".join(f"{t}[{p}]" for t, p in gone),
+            )
         progress = self._w.progress
-        agents = {tp: o for tp, o in offsets.items() if tp[0] in self._w._agents}
+        agents = {tp: o for tp, o in held.items() if tp[0] in self._w._agents}
         markers = progress.markers(agents) if progress is not None and agents else []
-        marked = self._w.committer.commit(offsets, markers, asynchronous=asynchronous)
+        marked = self._w.committer.commit(held, markers, asynchronous=asynchronous)
         if marked and progress is not None:
             progress.written(markers, self._w._owned)
-        return marked
+        return marked, held
 
     def transaction_failed(self, exc: TransactionFailed) -> None:
         """Loop thread: a transaction aborted (a fenced producer was replaced by a new
@@ -152,17 +190,20 @@ class Commits:
             self._w.ownership.suspend(f"transaction aborted ({exc})")
         self._w._suspected()
 
-    def committable(self, only: set[tuple[str, int]] | None) -> dict[tuple[str, int], int]:
-        """Loop thread: a snapshot of the offsets to commit, of partitions held (none
-        while the holds are suspended: durable/ownership.py)."""
+    def committable(self, only: set[tuple[str, int]] | None) -> Snapshot:
+        """Loop thread: a snapshot of the offsets to commit, of partitions held, with
+        their holds (none while the holds are suspended: durable/ownership.py)."""
         if self._w.ownership.suspended is not None:
-            return {}
+            return Snapshot({}, {})
         lease = self._w.ownership.lease
-        return {
-            tp: o
-            for tp, o in self._w.offsets.committable().items()
-            if (only is None or tp in only) and tp in self._w._owned and lease(*tp)
-        }
+        offsets, leases = {}, {}
+        for tp, o in self._w.offsets.committable().items():
+            if (only is None or tp in only) and tp in self._w._owned:
+                hold = lease(*tp)
+                if hold:
+                    offsets[tp] = o
+                    leases[tp] = hold
+        return Snapshot(offsets, leases)
 
     def commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Kafka thread (served by the consumer's poll): a failed commit is logged and

@@ -57,9 +57,16 @@ if TYPE_CHECKING:
     from .offsets import OffsetTracker
     from .timers import TimerService
     from .watermarks import WatermarkGenerator
-    from .worker_commits import Commits
+    from .worker_commits import Commits, Snapshot
 
 log = logging.getLogger("agents_stream.worker")
+
+# Recovering the transactional producer after an abort (after_freeze): retried with a
+# backoff up to this many seconds while the failure is a broker's, given up (the worker
+# stops, exit code 1, for its supervisor to restart) after this many calls in a row that
+# blocked past the worker's own deadline (kafka/deadline.py): each leaves a thread stuck.
+RECOVERY_BACKOFF_MAX = 10.0
+MAX_BLOCKED_IN_A_ROW = 3
 
 
 class RebalanceHost(Protocol):
@@ -95,6 +102,7 @@ class RebalanceHost(Protocol):
     _verify_at: float
     _heartbeat_s: float
     shutdown_timeout: float
+    _kafka: Any
 
     commits: Commits
 
@@ -118,6 +126,7 @@ class Rebalance:
 
     def __init__(self, w: RebalanceHost) -> None:
         self._w = w
+        self._recoveries = 0  # failed recoveries of the transactional producer in a row
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
@@ -204,8 +213,7 @@ class Rebalance:
             # Synchronous; with exactly-once the open transaction, holding finished
             # records of every partition, commits now with the revoked ones' offsets.
             try:
-                marked = self._w.commits.group_commit(offsets, False)
-                committed = offsets
+                marked, committed = self._w.commits.group_commit(offsets, False)
             except TransactionFailed as exc:
                 self.lose_everything(str(exc))
             except KafkaIOError as exc:
@@ -258,20 +266,51 @@ class Rebalance:
         held = [TopicPartition(t, p) for t, p in sorted(self._w._owned)]
         if held:
             self.on_revoke(self._w.consumer, held, lost=True)
-        if self._w.transactions is not None:
+        self._w._unconfirmed |= {(tp.topic, tp.partition) for tp in held}
+        transactions = self._w.transactions
+        if transactions is not None:
             # Nothing of the abandoned records may commit (their next run sends them).
             try:
-                self._w.transactions.abort()
-            except Exception as exc:  # no transaction can begin: nothing can commit
-                log.critical("transactional producer unusable, stopping: %s", exc)
-                assert self._w._loop is not None
-                self._w._loop.call_soon_threadsafe(self._w._fail, exc)
+                transactions.abort()
+            except Exception as exc:
+                if not self._recoverable(exc):
+                    log.critical("transactional producer unusable, stopping: %s", exc)
+                    assert self._w._loop is not None
+                    self._w._loop.call_soon_threadsafe(self._w._fail, exc)
+                    return
+                # A broker outage, a coordinator moving: nothing is held meanwhile (the
+                # holds stay suspended), so nothing runs, and the recovery is tried again.
+                self._recoveries += 1
+                backoff = min(RECOVERY_BACKOFF_MAX, 0.5 * 2**self._recoveries)
+                log.warning(
+                    "transactional producer not recovered yet (%s): retrying in %.1fs", exc, backoff
+                )
+                self._retry_after_freeze(backoff)
                 return
-        self._w._unconfirmed |= {(tp.topic, tp.partition) for tp in held}
+            self._recoveries = 0
         # librdkafka heartbeats on its own thread: after one interval (and a margin) it
         # has heard whether the session survived, and delivers the loss on the next poll.
         self._w._verify_at = time.monotonic() + self._w._heartbeat_s + 0.5
         self._w.ownership.resume()  # nothing is held now; new assignments are real
+
+    def _recoverable(self, exc: BaseException) -> bool:
+        """Whether a failed recovery of the transactional producer is worth another try:
+        a broker error is, unless the cluster's authorizer refused it (no retry fixes an
+        ACL) or calls keep blocking past the worker's deadline (a client that does not
+        come back: a restart of the process does)."""
+        transactions = self._w.transactions
+        if not isinstance(exc, TransactionFailed) or exc.denied:
+            return False
+        return transactions is None or transactions.deadline.in_a_row < MAX_BLOCKED_IN_A_ROW
+
+    def _retry_after_freeze(self, delay: float) -> None:
+        loop = self._w._loop
+        assert loop is not None
+
+        def again() -> None:
+            loop.run_in_executor(self._w._kafka, self.after_freeze)
+
+        loop.call_soon_threadsafe(loop.call_later, delay, again)
 
     def confirm(self) -> None:
         """Kafka thread: take back the partitions released after a freeze that the group
@@ -302,9 +341,7 @@ class Rebalance:
         log.info("group confirmed %s after the freeze: taking them again", _fmt(tps))
         self.on_assign(self._w.consumer, tps)
 
-    async def _quiesce(
-        self, revoked: set[tuple[str, int]], timeout: float
-    ) -> tuple[int, dict[tuple[str, int], int]]:
+    async def _quiesce(self, revoked: set[tuple[str, int]], timeout: float) -> tuple[int, Snapshot]:
         """Loop side of a revoke, before the commit: no timer of ``revoked`` fires from
         now on (a firing after the drain would run again on the next owner), then
         their in-flight work is drained for up to ``timeout`` (0: cancelled at once).
