@@ -14,6 +14,7 @@ import pytest
 
 from agents_stream.testing.topics import create_topics, produce, read_topic
 from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
+from tests.fault.fleet import assert_survivors
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
 
@@ -84,6 +85,7 @@ def _chaos(broker, topic_factory, worker_factory, tmp_path, capsys, guarantee: s
         extra = ["--data-dir", str(tmp_path / f"fresh-{kills}")] if kills % 3 == 0 else []
         worker = worker_factory("tests.apps.crashy:app", env, extra_args=[*mode, *extra])
     outputs = read_topic(broker.bootstrap, env["AS_OUTPUT"])
+    assert_survivors([worker])  # the last one, never killed: alive, no CRITICAL line
     worker.terminate()
 
     per_input = Counter(r.json()["n"] for r in outputs)

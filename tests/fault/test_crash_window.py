@@ -20,6 +20,7 @@ from collections import Counter
 import pytest
 
 from agents_stream.testing.topics import create_topics, produce, read_topic
+from tests.fault.fleet import assert_survivors
 from tests.fault.scenario import wait_log
 from tests.integration.test_observability import free_port, get, sample
 
@@ -83,6 +84,7 @@ def test_sigkill_runs_at_most_the_records_in_flight_calls_twice(
         if len(per_input) >= INPUTS or time.monotonic() > deadline:
             break
         time.sleep(1.0)
+    assert_survivors([other])  # not killed: running, no CRITICAL line
     other.terminate()
     rows = db.execute("SELECT id, what, n, i FROM calls ORDER BY id").fetchall()
     db.close()

@@ -10,18 +10,15 @@ call exactly once (cooperative-sticky rebalancing leaves them alone).
 from __future__ import annotations
 
 import itertools
-import json
 import re
-import threading
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from agents_stream.testing.topics import create_topics
 from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
+from tests.fault.fleet import Feeder, Out, Tail, assert_progress, assert_survivors
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
 
@@ -29,82 +26,6 @@ PARTITIONS = 6
 WORKERS = 3
 INTERVAL = 0.15  # one record per partition every INTERVAL s: 40 records/s in all
 AFTER_KILL = 25.0  # seconds of input after the kill
-
-
-@dataclass(frozen=True)
-class Out:
-    n: int
-    partition: int
-    pid: int
-    t: float
-
-
-def partition_of(n: int) -> int:
-    return n % PARTITIONS
-
-
-class Feeder(threading.Thread):
-    """Produces ``n`` to partition ``n % 6`` (key ``p<p>-k<j>``) at a steady rate."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        super().__init__(daemon=True)
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-        self.topic = topic
-        self.sent = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for _ in range(PARTITIONS):
-                n = self.sent
-                p = partition_of(n)
-                key = f"p{p}-k{(n // PARTITIONS) % 3}"
-                self.producer.produce(
-                    self.topic, f'{{"n": {n}}}'.encode(), key=key.encode(), partition=p
-                )
-                self.sent += 1
-            self.producer.poll(0)
-            time.sleep(INTERVAL)
-        self.producer.flush(30)
-
-
-class Tail(threading.Thread):
-    """Collects every output record as it arrives."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        super().__init__(daemon=True)
-        self.bootstrap = bootstrap
-        self.topic = topic
-        self.outs: list[Out] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        consumer = Consumer(
-            {"bootstrap.servers": self.bootstrap, "group.id": "tail", "enable.auto.commit": False}
-        )
-        while not self.stop.is_set():
-            md = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
-            if md is not None and md.partitions:
-                break
-            time.sleep(0.2)
-        consumer.assign([TopicPartition(self.topic, p, 0) for p in md.partitions])  # type: ignore[union-attr]
-        while not self.stop.is_set():
-            for msg in consumer.consume(500, 0.1):
-                err = msg.error()
-                if err is not None:
-                    assert err.code() == KafkaError._PARTITION_EOF, err
-                    continue
-                v = json.loads(msg.value())
-                self.outs.append(Out(v["n"], partition_of(v["n"]), v["pid"], v["t"]))
-        consumer.close()
-
-    def owners(self, since: float) -> dict[int, set[int]]:
-        """Input partition -> pids that produced its outputs after ``since``."""
-        owners: dict[int, set[int]] = defaultdict(set)
-        for o in list(self.outs):
-            if o.t >= since:
-                owners[o.partition].add(o.pid)
-        return owners
 
 
 def test_sigkill_one_of_three_workers(broker, topic_factory, worker_factory, tmp_path, capsys):
@@ -154,6 +75,9 @@ def test_sigkill_one_of_three_workers(broker, topic_factory, worker_factory, tmp
         killed_at = time.time()
         victim.kill()
         time.sleep(AFTER_KILL)
+        # The survivors took the victim's partitions and keep making outputs.
+        assert_survivors(workers[1:])
+        assert_progress(tail, workers[1:])
     finally:
         feeder.stop.set()
         feeder.join(60)

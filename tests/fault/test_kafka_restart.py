@@ -21,6 +21,7 @@ from agents_stream.testing.kafka import KafkaBroker
 from agents_stream.testing.process import WorkerProcess
 from agents_stream.testing.topics import create_topics, produce, read_topic
 from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
+from tests.fault.fleet import assert_survivors
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault, pytest.mark.kafka_only]
 
@@ -45,7 +46,8 @@ def wait_outputs(kafka: KafkaBroker, topic: str, count: int, worker: WorkerProce
 
 
 @pytest.mark.timeout(900)
-def test_worker_survives_broker_restarts(broker, tmp_path, capsys):
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_worker_survives_broker_restarts(guarantee, broker, tmp_path, capsys):
     del broker  # selects Kafka runs only; this test stops its own broker
     kafka = KafkaBroker(data_dir=tmp_path / "kafka", log_file=tmp_path / "kafka.log")
     db_path = tmp_path / "effects.sqlite"
@@ -74,6 +76,7 @@ def test_worker_survives_broker_restarts(broker, tmp_path, capsys):
             log_file=tmp_path / "worker.log",
             env=env,
             cwd=ROOT,
+            extra_args=["--processing-guarantee", guarantee],
         ).start()
         try:
             assert worker.proc is not None
@@ -97,6 +100,7 @@ def test_worker_survives_broker_restarts(broker, tmp_path, capsys):
             time.sleep(2.0)  # late duplicates would show up here
             final = outputs(kafka.bootstrap, env["AS_OUTPUT"])
             assert worker.alive and worker.proc.pid == pid, worker.log()[-4000:]
+            assert_survivors([worker])  # and no CRITICAL line
             log = worker.log()
         finally:
             rc = worker.terminate()
@@ -112,7 +116,8 @@ def test_worker_survives_broker_restarts(broker, tmp_path, capsys):
     db.close()
     with capsys.disabled():
         print(
-            f"\nbroker restart: {INPUTS} inputs x 3 calls, one worker process throughout\n"
+            f"\nbroker restart ({guarantee}): {INPUTS} inputs x 3 calls, one worker process "
+            "throughout\n"
             + "".join(f"  {f}\n" for f in figures)
             + f"  lost inputs={len(lost)} re-executed acked calls={reexecuted_acked} "
             f"executions={executions} for {distinct_calls} calls duplicate outputs="
@@ -121,6 +126,8 @@ def test_worker_survives_broker_restarts(broker, tmp_path, capsys):
     assert not lost, lost[:20]
     assert reexecuted_acked == 0
     assert distinct_calls == INPUTS * 3
+    if guarantee == "exactly-once":  # read_committed: each output once, whatever happened
+        assert duplicates == 0
     # Duplicate outputs are printed, not asserted: when the SIGKILLed broker comes back
     # the member's session may have expired, its in-flight records are abandoned and
     # run again (calls replayed), while their outputs still in the producer's queue are

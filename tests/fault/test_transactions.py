@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from agents_stream.testing import free_port
 from agents_stream.testing.topics import create_topics, produce, read_topic
 from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
+from tests.fault.fleet import assert_survivors
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault, pytest.mark.kafka_only]
 
@@ -100,6 +101,7 @@ def test_kill_at_each_step_of_the_commit(
     outputs = read_topic(broker.bootstrap, env["AS_OUTPUT"])
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
         metrics = page.read().decode()
+    assert_survivors([second])  # not killed: running, no CRITICAL line
     second.terminate()
     committed = [
         line

@@ -24,6 +24,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from agents_stream.testing.topics import create_topics
+from tests.fault.fleet import assert_survivors
 from tests.fault.scenario import wait_log
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
@@ -141,6 +142,8 @@ def _zombie(frozen_s, guarantee, broker, topic_factory, worker_factory, tmp_path
     tail.join(30)
     victim_log, other_log = victim.log(), other.log()
     assert victim.alive and other.alive, victim_log[-3000:] + other_log[-3000:]
+    # Frozen, not killed: both must be running and have logged no CRITICAL line.
+    assert_survivors([victim, other])
     victim.terminate()
     other.terminate()
 

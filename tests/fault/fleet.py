@@ -1,0 +1,150 @@
+"""What the multi-worker fault tests share: a steady input feed, a tail of the outputs,
+and the check every fault test ends with: the workers it did not kill are alive, logged
+no CRITICAL line, and made outputs in the last seconds (alive is not enough: issue 50's
+worker hung in a librdkafka call, alive and silent, with nothing committed).
+
+Outputs are the failover app's (tests/apps/failover_app.py): ``{"n", "pid", "t"}``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+
+@dataclass(frozen=True)
+class Out:
+    n: int
+    partition: int
+    pid: int
+    t: float
+
+
+class Feeder(threading.Thread):
+    """Produces ``n`` to partition ``n % partitions`` (key ``p<p>-k<j>``) at a steady
+    rate, from an idempotent producer: a retried batch must not duplicate inputs, or it
+    looks like a re-run."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, *, partitions: int = 6, interval: float = 0.15
+    ) -> None:
+        super().__init__(daemon=True)
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )
+        self.topic = topic
+        self.partitions = partitions
+        self.interval = interval
+        self.sent = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for _ in range(self.partitions):
+                n = self.sent
+                p = n % self.partitions
+                key = f"p{p}-k{(n // self.partitions) % 3}"
+                self.producer.produce(
+                    self.topic, f'{{"n": {n}}}'.encode(), key=key.encode(), partition=p
+                )
+                self.sent += 1
+            self.producer.poll(0)
+            time.sleep(self.interval)
+        assert self.producer.flush(60) == 0, "inputs not acknowledged"
+
+    def finish(self) -> int:
+        """Stop feeding; how many inputs were sent (all acknowledged)."""
+        self.stop.set()
+        self.join(90)
+        return self.sent
+
+
+class Tail(threading.Thread):
+    """Collects every output record as it arrives (``read_committed``: librdkafka's
+    default, so an exactly-once worker's aborted outputs are never seen)."""
+
+    def __init__(self, bootstrap: str, topic: str, *, partitions: int = 6) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.partitions = partitions
+        self.outs: list[Out] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "tail",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        md: Any = None
+        while not self.stop.is_set():
+            md = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            if md is not None and md.partitions:
+                break
+            time.sleep(0.2)
+        consumer.assign([TopicPartition(self.topic, p, 0) for p in md.partitions])
+        while not self.stop.is_set():
+            for msg in consumer.consume(500, 0.1):
+                err = msg.error()
+                if err is not None:
+                    assert err.code() == KafkaError._PARTITION_EOF, err
+                    continue
+                v = json.loads(msg.value())
+                self.outs.append(Out(v["n"], v["n"] % self.partitions, v["pid"], v["t"]))
+        consumer.close()
+
+    def pids_since(self, since: float) -> set[int]:
+        return {o.pid for o in list(self.outs) if o.t >= since}
+
+    def owners(self, since: float) -> dict[int, set[int]]:
+        """Input partition -> pids that produced its outputs after ``since``."""
+        owners: dict[int, set[int]] = {}
+        for o in list(self.outs):
+            if o.t >= since:
+                owners.setdefault(o.partition, set()).add(o.pid)
+        return owners
+
+    def wait_for(self, count: int, timeout: float = 120) -> None:
+        """Until ``count`` distinct inputs came out (or the timeout)."""
+        deadline = time.monotonic() + timeout
+        while len({o.n for o in self.outs}) < count and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    def finish(self) -> list[Out]:
+        self.stop.set()
+        self.join(30)
+        return list(self.outs)
+
+
+def logs(workers: Iterable[Any], chars: int = 3000) -> str:
+    return "\n".join(f"--- {w.log_file}\n{w.log()[-chars:]}" for w in workers)
+
+
+def critical_lines(worker: Any) -> list[str]:
+    return [line for line in worker.log().splitlines() if "CRITICAL" in line]
+
+
+def assert_survivors(workers: Iterable[Any], *, quiet_ok: bool = False) -> None:
+    """Every worker the test did not kill is running and logged no CRITICAL line."""
+    workers = list(workers)
+    for w in workers:
+        assert w.alive, f"a worker the test did not kill has stopped\n{logs([w])}"
+        assert not critical_lines(w), f"CRITICAL logged\n{logs([w])}"
+
+
+def assert_progress(tail: Tail, workers: Iterable[Any], seconds: float = 5.0) -> None:
+    """Every worker in ``workers`` made an output within the last ``seconds``: alive and
+    making progress (with partitions of its own)."""
+    workers = list(workers)
+    recent = tail.pids_since(time.time() - seconds)
+    idle = [w for w in workers if w.proc is not None and w.proc.pid not in recent]
+    assert not idle, f"no output in the last {seconds:.0f}s from\n{logs(idle)}"
