@@ -268,10 +268,25 @@ class _Deduplicate(logging.Filter):
         return True
 
 
+class _Severity(logging.Filter):
+    """CRITICAL in a worker's log means the worker stops (one line, exit code 1). What
+    librdkafka calls fatal is a client's state, which the worker handles: a fenced
+    transactional producer (a frozen worker waking up, a producer replaced after a call
+    blocked) is replaced, and the worker says so in a WARNING of its own. So a client's
+    "fenced" lines are WARNING, and its other lines above ERROR are ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.ERROR:
+            level = logging.WARNING if "fenced" in record.getMessage() else logging.ERROR
+            record.levelno, record.levelname = level, logging.getLevelName(level)
+        return True
+
+
 def rdkafka_logger() -> logging.Logger:
     """``agents_stream.librdkafka``: where every client's librdkafka log goes (its lines
     reach Python logging on the client's poll/consume calls)."""
     logger = logging.getLogger("agents_stream.librdkafka")
     if not any(isinstance(f, _Deduplicate) for f in logger.filters):
+        logger.addFilter(_Severity())
         logger.addFilter(_Deduplicate())
     return logger

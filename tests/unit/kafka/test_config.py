@@ -88,6 +88,16 @@ def test_librdkafka_log_is_deduplicated(caplog: pytest.LogCaptureFixture) -> Non
     assert len(caplog.records) == 2
 
 
+def test_librdkafka_fatal_lines_are_not_the_workers_critical(caplog) -> None:
+    """CRITICAL means the worker stops; a fenced producer is replaced (a WARNING), a
+    client's other fatal lines are ERROR."""
+    logger = config.rdkafka_logger()
+    with caplog.at_level(logging.DEBUG, logger="agents_stream.librdkafka"):
+        logger.critical("TXNERR [rdkafka#producer-2] [thrd:main]: fenced by a newer instance")
+        logger.critical("FATAL [rdkafka#producer-3] [thrd:main]: Fatal error: something")
+    assert [r.levelname for r in caplog.records] == ["WARNING", "ERROR"]
+
+
 @pytest.mark.parametrize("name", ["", ".", "..", "a b", "a/b", "ü", "x" * 250, "tab\t"])
 def test_illegal_topic_names(name: str) -> None:
     with pytest.raises(ConfigurationError, match="invalid topic name"):
