@@ -37,6 +37,7 @@ from ..durable.ackfuture import (
     stop_serving_when_due,
     stop_serving_while_blocked,
 )
+from ..durable.ownership import OwnershipLost
 from ..errors import KafkaIOError, RecordRefusedError
 
 AckHook = Callable[[list["Ack"]], None]
@@ -100,6 +101,8 @@ class _Countdown:
 _REFUSED = frozenset(
     {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD}
 )
+# Sends purged by the client on this host's request (only when it aborts a transaction).
+_DROPPED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
 class _Group:
@@ -536,6 +539,13 @@ class AckingProducer:
                 ack.future.set_result(None)
             else:
                 code = ack.error.code()
+                if code in _DROPPED:
+                    # Dropped by this host on purpose: a transaction it aborts (its
+                    # partitions are all taken again after). The work is abandoned, not
+                    # failed: never dead-lettered, run again from the committed offsets.
+                    why = f"send to {ack.topic} dropped ({ack.error.str()})"
+                    ack.future.set_exception(OwnershipLost("", ack.partition, why))
+                    continue
                 kind = RecordRefusedError if code in _REFUSED else KafkaIOError
                 error = kind(f"delivery to {ack.topic} failed: {ack.error}", code=code)
                 error.lost = ack.lost

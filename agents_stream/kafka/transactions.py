@@ -41,6 +41,10 @@ log = logging.getLogger("agents_stream.transactions")
 # process at one step of the first commit that carries offsets and at least 20 records
 # (outputs, ActionDones). Never set in production.
 _KILL_AT = os.environ.get("AGENTS_STREAM_TEST_KILL_IN_TRANSACTION", "")
+# The same for a call that never returns (tests/fault/test_blocked_call.py): at the first
+# such commit, the named call ("send offsets", "commit") is made, then blocks forever, as
+# librdkafka's did when the group coordinator's broker shut down. Never set in production.
+_BLOCK_AT = os.environ.get("AGENTS_STREAM_TEST_BLOCK_IN_TRANSACTION", "")
 
 _Send = tuple[
     str,
@@ -108,11 +112,13 @@ class TransactionalProducer(AckingProducer):
         """A transactional call under the deadline; one that blocks past it leaves this
         producer unusable (its transaction state unknown): TransactionFailed as fenced,
         so the producer is replaced and the stuck transaction fenced by the new one."""
+        if step == _BLOCK_AT and self.sent >= 20 and not self.deadline.count:
+            fn = _blocking(fn)
         try:
             self.deadline.call(f"transaction {step}", self.timeout + GRACE, fn, *args)
         except Blocked as exc:
             self._initialised = False
-            raise TransactionFailed(f"{exc}: replacing the producer", fenced=True) from exc
+            raise TransactionFailed(str(exc), fenced=True) from exc
 
     def commit(
         self,
@@ -313,6 +319,15 @@ def _step(name: str, armed: bool) -> None:
     if armed and name == _KILL_AT:
         log.warning("killed in the transaction (%s): AGENTS_STREAM_TEST_KILL_IN_TRANSACTION", name)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _blocking(fn: Callable[..., None]) -> Callable[..., None]:
+    def call(*args: Any) -> None:
+        log.warning("blocking in the transaction: AGENTS_STREAM_TEST_BLOCK_IN_TRANSACTION")
+        fn(*args)
+        threading.Event().wait()
+
+    return call
 
 
 def _failed(step: str, exc: KafkaException) -> TransactionFailed:
