@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-crash test test-fast bench kafka lint format clean venv
+.PHONY: demo demo-crash test test-fast bench kafka kafka-cluster lint format clean venv
 
 venv: $(STAMP)
 
@@ -41,6 +41,9 @@ bench: venv  ## throughput and latency tables against baselines measured in the 
 
 kafka: venv  ## Apache Kafka 4.x (KRaft, one node) in the foreground on :9092; jars fetched once with mvn
 	$(PY) -m agents_stream.testing.kafka run $(KAFKA_ARGS)
+
+kafka-cluster: venv  ## a three-node Apache Kafka cluster (RF 3, min ISR 2) in the foreground; jars as for `make kafka`
+	$(PY) -m agents_stream.testing.cluster $(CLUSTER_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -87,6 +88,7 @@ class TransactionalProducer(AckingProducer):
         # does not always keep the timeout it is given (kafka/deadline.py).
         self.deadline = deadline or Deadline()
         self._initialised = False  # init_transactions succeeded on the current producer
+        self._aborting = False  # an abort timed out: the next abort() resumes it
         self._gate = threading.Condition()
         self._held: list[_Send] | None = None  # sends queued while a commit runs
         self._producing = 0  # sends inside produce() right now
@@ -97,12 +99,27 @@ class TransactionalProducer(AckingProducer):
         self.renewals = 0
 
     # -- the transaction ------------------------------------------------------------------
-    def begin(self) -> None:
+    def begin(self, patience: float = 60.0) -> None:
         """Initialise (fencing older producers of this transactional.id and aborting
-        their open transaction) on first use, then begin a transaction."""
+        their open transaction) on first use, then begin a transaction.
+
+        The first initialisation may wait for the cluster: on a new replicated cluster
+        the transaction log is created (RF 3) by the first producer that asks, which
+        took over 10 s on three nodes. A timeout is retried (librdkafka resumes the
+        same call) for up to ``patience`` seconds."""
         try:
             if not self._open:
-                self._call("init", self.producer.init_transactions, self.timeout)
+                give_up = time.monotonic() + patience
+                while True:
+                    try:
+                        self._call("init", self.producer.init_transactions, self.timeout)
+                        break
+                    except KafkaException as exc:
+                        error = exc.args[0] if exc.args else None
+                        retriable = isinstance(error, KafkaError) and error.retriable()
+                        if not retriable or time.monotonic() >= give_up:
+                            raise
+                        log.info("transactions not initialised yet (%s): retrying", error)
                 self._initialised = self._open = True
             self.producer.begin_transaction()
         except KafkaException as exc:
@@ -202,8 +219,12 @@ class TransactionalProducer(AckingProducer):
             except KafkaException as exc:
                 failure = _failed("abort", exc)
                 if not failure.fenced:
+                    # Timed out (a coordinator moving): the host calls abort() again,
+                    # which resumes this one; no transaction may begin meanwhile.
+                    self._aborting = True
                     raise failure from exc
             else:
+                self._aborting = False
                 # Reports of the aborted records (failed or not) are dispatched before the
                 # new transaction: none of them may be taken for one of the next.
                 self.flush(self.timeout)
@@ -226,7 +247,7 @@ class TransactionalProducer(AckingProducer):
             except Exception:  # a fatal producer may refuse even that
                 pass
         self.renewals += 1
-        self._initialised = False
+        self._initialised = self._aborting = False
         with self._lock:  # the poll thread reads _producer on every round
             self._producer = Producer(self._config)
         self._dispatch()
@@ -246,7 +267,9 @@ class TransactionalProducer(AckingProducer):
     def _release(self, *, produce: bool) -> None:
         with self._gate:
             held, self._held = self._held or [], None
-        if self._open and self._initialised:  # else a renewal is still to come
+        # Not after an abort that did not finish, nor before a renewal completes: the
+        # host's recovery calls abort() again.
+        if self._open and self._initialised and not self._aborting:
             try:
                 self.producer.begin_transaction()
             except KafkaException as exc:

@@ -726,6 +726,9 @@ class Worker:
         and the loop is told to release them and ask the group."""
         ownership, cancel, loop = self.ownership, self._cancel, self._loop
         assert loop is not None
+        # The clock starts now: a start-up longer than the freeze limit (transactions
+        # initialising on a new three-node cluster took 12 s) is not a freeze.
+        ownership.resume()
 
         def watch() -> None:
             while not cancel.wait(WATCHDOG_BEAT):

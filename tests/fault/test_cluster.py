@@ -1,0 +1,208 @@
+"""Broker faults on a three-node Apache Kafka cluster (RF 3, min ISR 2), under workers
+that must live through them: the group coordinator's broker shut down and restarted
+(controlled), the transaction coordinator's broker SIGKILLed mid-stream, and the leader
+of an input partition SIGKILLed.
+
+An exactly-once app with two workers, fed 20 records/s (one journaled call per record)
+from an idempotent producer (the at-least-once worker's broker faults run on one node in
+test_kafka_restart.py; ``GUARANTEES`` below says why not here too). The coordinator move is what hung an exactly-once worker forever in
+``send_offsets_to_transaction`` (issue 50); a member that lives through it must also keep
+making progress, not only stay alive.
+
+Asserted, per app: no input lost, no acknowledged call run again, and (exactly-once) no
+duplicate output read ``read_committed``; every worker alive at the end, no CRITICAL
+line, outputs from each in the last seconds. Printed per fault: how long each app's
+output stalled, and the partitions lost without a revoke (the consumer protocol of
+KIP-848 is built to bring that to 0; the classic one loses them on a coordinator move).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agents_stream.testing.cluster import KafkaCluster
+from agents_stream.testing.process import WorkerProcess
+from agents_stream.testing.topics import create_topics
+from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
+from tests.fault.fleet import Feeder, Tail, assert_progress, assert_survivors, logs
+
+pytestmark = [
+    pytest.mark.broker,
+    pytest.mark.fault,
+    pytest.mark.kafka_only,
+    # Not yet in `make test`: on the 2-core machine the exactly-once workers on a fresh
+    # three-node cluster stalled before any fault (no transaction committed for two
+    # minutes, one send_offsets blocked past the deadline); see issue 53's notes.
+    pytest.mark.skipif(
+        os.environ.get("AGENTS_STREAM_TEST_CLUSTER", "") in ("", "0"),
+        reason="three-node cluster faults: set AGENTS_STREAM_TEST_CLUSTER=1",
+    ),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 6
+# Exactly-once, where a coordinator move hung the worker: two apps (one per guarantee)
+# with two workers each on three broker JVMs overloaded the 2-core CI machine (false
+# freezes, records abandoned by the thousand); the at-least-once worker's broker faults
+# are covered on one node by test_kafka_restart.py.
+GUARANTEES = ("exactly-once",)
+
+
+class Fleet:
+    """One app on the cluster: its topics, two workers, a feeder and a tail."""
+
+    def __init__(self, cluster: KafkaCluster, guarantee: str, tmp: Path) -> None:
+        name = "alo" if guarantee == "at-least-once" else "eos"
+        self.guarantee = guarantee
+        self.app_id = f"cluster-{name}"
+        self.db_path = tmp / f"{name}-effects.sqlite"
+        connect(str(self.db_path)).close()
+        env = {
+            "AS_APP_ID": self.app_id,
+            "AS_INPUT": f"{name}-in",
+            "AS_OUTPUT": f"{name}-out",
+            "AS_EFFECTS_DB": str(self.db_path),
+            "AS_COMMIT_INTERVAL": "0.3",
+        }
+        create_topics(cluster.bootstrap, [env["AS_INPUT"], env["AS_OUTPUT"]], PARTITIONS)
+        self.workers = [
+            WorkerProcess(
+                "tests.apps.failover_app:app",
+                broker=cluster.url,
+                data_dir=tmp / f"{name}-d{i}",
+                log_file=tmp / f"{name}-w{i}.log",
+                env=env,
+                cwd=ROOT,
+                extra_args=["--processing-guarantee", guarantee, "--worker-id", f"w{i}"],
+            ).start()
+            for i in (1, 2)
+        ]
+        self.feeder = Feeder(
+            cluster.bootstrap, env["AS_INPUT"], partitions=PARTITIONS, interval=0.3
+        )
+        self.tail = Tail(cluster.bootstrap, env["AS_OUTPUT"], partitions=PARTITIONS)
+
+    def transactional_ids(self) -> list[str]:
+        return [f"{self.app_id}-w{i}" for i in (1, 2)]
+
+    def wait_settled(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        pids = {w.proc.pid for w in self.workers if w.proc is not None}
+        while True:
+            assert_survivors(self.workers)
+            assert time.monotonic() < deadline, f"never settled\n{logs(self.workers)}"
+            owners = self.tail.owners(time.time() - 2.0)
+            served = {pid for ps in owners.values() for pid in ps}
+            if len(owners) == PARTITIONS and served == pids:
+                return
+            time.sleep(1.0)
+
+    def silence(self, since: float) -> float:
+        """The longest gap between outputs made after ``since``."""
+        ts = sorted(o.t for o in list(self.tail.outs) if o.t >= since - 1.0)
+        return max((b - a for a, b in itertools.pairwise(ts)), default=float("inf"))
+
+    def lost_events(self) -> int:
+        return sum(w.log().count("without a revoke") for w in self.workers)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            if w.alive:
+                w.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(broker, tmp_path_factory):
+    del broker  # selects the Kafka runs only; this module runs its own cluster
+    tmp = tmp_path_factory.mktemp("cluster")
+    with KafkaCluster(nodes=3, data_dir=tmp / "nodes") as c:
+        yield c
+
+
+@pytest.mark.timeout(900)
+def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys):
+    fleets = [Fleet(cluster, g, tmp_path) for g in GUARANTEES]
+    report: list[str] = []
+    try:
+        for f in fleets:
+            f.feeder.start()
+            f.tail.start()
+        for f in fleets:
+            f.wait_settled()
+
+        def fault(what: str, node_id: int, crash: bool, down: float) -> None:
+            before = {f.guarantee: f.lost_events() for f in fleets}
+            began = time.time()
+            node = cluster.node(node_id)
+            if crash:
+                node.kill()
+            else:
+                node.stop()
+            time.sleep(down)
+            node.start()
+            cluster.wait_for_isr()
+            time.sleep(8.0)  # the members settle and catch up
+            for f in fleets:
+                assert_survivors(f.workers)
+                assert_progress(f.tail, f.workers, seconds=4.0)
+            report.append(
+                f"  {what} (node {node_id}, {'SIGKILL' if crash else 'SIGTERM'}, down "
+                f"{down:.0f}s): "
+                + "; ".join(
+                    f"{f.guarantee} longest output silence {f.silence(began):.1f}s, lost "
+                    f"without a revoke +{f.lost_events() - before[f.guarantee]}"
+                    for f in fleets
+                )
+            )
+
+        eos = fleets[-1]
+        fault(
+            "group coordinator of the exactly-once app",
+            cluster.group_coordinator(eos.app_id),
+            False,
+            5,
+        )
+        fault(
+            "transaction coordinator of an exactly-once worker",
+            cluster.transaction_coordinator(eos.transactional_ids()[0]),
+            True,
+            10,
+        )
+        fault("leader of an input partition", cluster.leader("eos-in", 0), True, 10)
+        for f in fleets:
+            assert_survivors(f.workers)
+    finally:
+        sent = {f.guarantee: f.feeder.finish() for f in fleets}
+    results = []
+    for f in fleets:
+        f.tail.wait_for(sent[f.guarantee], timeout=180)
+        outs = f.tail.finish()
+        assert_survivors(f.workers)
+        f.stop()
+        per_input = Counter(o.n for o in outs)
+        lost = sorted(set(range(sent[f.guarantee])) - set(per_input))
+        db = connect(str(f.db_path))
+        (reexecuted,) = db.execute(REEXECUTED_AFTER_ACK).fetchone()
+        runs = Counter(c for (c,) in db.execute("SELECT call_id FROM effects"))
+        db.close()
+        duplicates = sum(c - 1 for c in per_input.values())
+        results.append((f, lost, duplicates, reexecuted))
+        report.append(
+            f"  {f.guarantee}: {sent[f.guarantee]} inputs, lost={len(lost)}, duplicate "
+            f"outputs={duplicates}, acked calls re-executed={reexecuted}, calls run twice="
+            f"{sum(1 for k in runs.values() if k > 1)}, calls given up at the worker's "
+            f"deadline={sum(w.log().count('giving up on it') for w in f.workers)}"
+        )
+    with capsys.disabled():
+        print(f"\ncluster faults, 3 nodes RF 3 min ISR 2, pid {os.getpid()}:\n" + "\n".join(report))
+    for f, lost, duplicates, reexecuted in results:
+        assert not lost, (f.guarantee, lost[:20])
+        assert reexecuted == 0, f.guarantee
+        if f.guarantee == "exactly-once":
+            assert duplicates == 0
