@@ -220,8 +220,10 @@ class KafkaCluster:
         raise BrokerStartError(f"kafka cluster on {self.bootstrap} not ready in time: {last}")
 
     def stop(self) -> None:
-        for n in self.nodes:
-            n.stop()
+        """All nodes at once: one by one, the last node's controlled shutdown waits for a
+        quorum already gone (it was SIGKILLed after 30 s; all at once took 7-8 s)."""
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(lambda n: n.stop(), self.nodes))
         self.started = False
 
     def cleanup(self) -> None:
