@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-crash test test-fast bench kafka kafka-cluster lint format clean venv
+.PHONY: demo demo-crash test test-fast bench kafka kafka-cluster registry lint format clean venv
 
 venv: $(STAMP)
 
@@ -44,6 +44,9 @@ kafka: venv  ## Apache Kafka 4.x (KRaft, one node) in the foreground on :9092; j
 
 kafka-cluster: venv  ## a three-node Apache Kafka cluster (RF 3, min ISR 2) in the foreground; jars as for `make kafka`
 	$(PY) -m agents_stream.testing.cluster $(CLUSTER_ARGS)
+
+registry: venv  ## Apicurio Registry (Confluent API under /apis/ccompat/v7, BACKWARD) in the foreground on :8081; fetched once with mvn
+	$(PY) -m agents_stream.testing.registry run $(REGISTRY_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

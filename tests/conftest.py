@@ -16,6 +16,7 @@ import pytest
 from agents_stream.testing import BrokerStartError, EmbeddedBroker
 from agents_stream.testing.kafka import KafkaBroker, KafkaUnavailable, kafka_missing
 from agents_stream.testing.process import WorkerProcess
+from agents_stream.testing.registry import RegistryServer, registry_missing
 
 ROOT = Path(__file__).resolve().parents[1]
 _names = itertools.count()
@@ -271,3 +272,20 @@ def worker_factory(broker, tmp_path):
     for proc in started:
         if proc.alive:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    """Apicurio Registry (Confluent API, BACKWARD global rule), started once per session
+    on first use (~5 s, ~220 MB RSS) and stopped at its end; tests use their own subjects
+    (topic_factory). Skips with one line when java/mvn are missing, unless Kafka is
+    required (CI): then it fails."""
+    missing = registry_missing()
+    if missing is not None:
+        if _kafka_required():
+            raise pytest.UsageError(f"Apicurio Registry is required but unavailable: {missing}")
+        pytest.skip(f"Apicurio Registry unavailable: {missing}")
+    server = RegistryServer(log_file=tmp_path_factory.mktemp("registry") / "apicurio.log")
+    server.start()
+    yield server
+    server.stop()
