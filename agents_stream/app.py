@@ -80,7 +80,15 @@ class App:
             embedded`` runs the development broker).
         data_dir: where RocksDB caches live (``--data-dir`` overrides).
         schema_registry_url: Confluent Schema Registry; switches Avro framing to the
-            Confluent wire format.
+            Confluent wire format. ``$AGENTS_STREAM_SCHEMA_REGISTRY`` and the commands'
+            ``--schema-registry`` override it; client settings (basic auth, TLS) are
+            ``schema.registry.*`` keys of ``kafka_config`` / ``--kafka-config``. The
+            worker registers (or looks up) every schema it writes before it takes
+            partitions, and stops in one line when the registry refuses one.
+        subject_name_strategy: registry subject of Avro input/output values: ``"topic"``
+            (``<topic>-value``, default), ``"record"`` (the record's full name) or
+            ``"topic_record"`` (``<topic>-<full name>``). The journal always uses
+            ``<topic>-value``.
         payload_codec: codec of journaled call results and outputs (default: the exact
             journaled value domain in tagged JSON, see ``register_codec``; ``PickleCodec``
             only for trusted topics). Memory values and events are JSON.
@@ -138,6 +146,7 @@ class App:
     broker: str | None = None
     data_dir: str | None = None
     schema_registry_url: str | None = field(default=None, repr=False)  # may hold credentials
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
     payload_codec: PayloadCodec = JSON
     max_in_flight: int = 6000
     code_block_threads: int = 256
@@ -170,6 +179,11 @@ class App:
                 f"got {self.processing_guarantee!r}"
             )
         self.processing_guarantee = guarantee  # type: ignore[assignment]
+        if self.subject_name_strategy not in ("topic", "record", "topic_record"):
+            raise ConfigurationError(
+                "subject_name_strategy must be one of topic, record, topic_record; "
+                f"got {self.subject_name_strategy!r}"
+            )
         if self.code_block_threads < 1:
             raise ConfigurationError(
                 f"code_block_threads must be at least 1; got {self.code_block_threads}"

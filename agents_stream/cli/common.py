@@ -11,6 +11,7 @@ import sys
 from ..app import App
 from ..errors import ConfigurationError
 from ..kafka.config import CONFIG_FILE_ENV, configure
+from ..serde.registry import REGISTRY_ENV, resolve_registry_url
 
 
 def load_app(spec: str) -> App:
@@ -66,12 +67,34 @@ def add_app_args(parser: argparse.ArgumentParser) -> None:
             f"(default: ${CONFIG_FILE_ENV})"
         ),
     )
+    add_registry_arg(parser)
     add_log_args(parser)
 
 
+def add_registry_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schema-registry",
+        metavar="URL",
+        default=None,
+        help=f"Schema Registry URL (Confluent API); overrides ${REGISTRY_ENV} and "
+        "App(schema_registry_url=); client settings are schema.registry.* keys of "
+        "--kafka-config / AGENTS_STREAM_KAFKA_SCHEMA_REGISTRY_*",
+    )
+
+
 def configure_clients(app: App, args: argparse.Namespace) -> None:
-    """Install the common Kafka client configuration of ``app`` and ``--kafka-config``."""
+    """Install the common Kafka client configuration of ``app`` and ``--kafka-config``,
+    and the registry of ``--schema-registry`` / ``$AGENTS_STREAM_SCHEMA_REGISTRY``."""
     configure(app.kafka_config, getattr(args, "kafka_config", None))
+    apply_registry(app, args)
+
+
+def apply_registry(app: App, args: argparse.Namespace) -> None:
+    """``app.schema_registry_url`` as this command resolves it (every codec, job and host
+    reads it there)."""
+    app.schema_registry_url = resolve_registry_url(
+        getattr(args, "schema_registry", None), app.schema_registry_url
+    )
 
 
 def add_log_args(parser: argparse.ArgumentParser) -> None:

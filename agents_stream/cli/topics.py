@@ -26,14 +26,18 @@ from confluent_kafka import TopicPartition as TP
 from ..app import BROKER_ENV, App, normalize_broker
 from ..errors import AgentsStreamError, ConfigurationError
 from ..kafka.config import CONFIG_FILE_ENV, configure, producer_config, reader_config
-from ..serde.values import JsonValueCodec, value_codec
-from .common import add_log_args, load_app, setup_logging
+from ..serde.registry import resolve_registry_url
+from ..serde.values import JsonValueCodec, RegistryValueReader, value_codec
+from .common import add_log_args, add_registry_arg, apply_registry, load_app, setup_logging
 
 EPILOG = f"""\
 broker: --broker, else ${BROKER_ENV}, else App(broker=) of -A.
 client settings: -A's App(kafka_config), then --kafka-config (default ${CONFIG_FILE_ENV}),
 then AGENTS_STREAM_KAFKA_<PROPERTY> variables (AGENTS_STREAM_KAFKA_SASL_PASSWORD ->
 sasl.password), as for the worker.
+schema registry (Avro values of -A's agents): --schema-registry, else
+$AGENTS_STREAM_SCHEMA_REGISTRY, else App(schema_registry_url=); registry-framed values
+are decoded by the writer schema their id names.
 """
 
 
@@ -123,6 +127,7 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
         help="seconds: produce waits this long for the topic and the acks (default 30); "
         "tail stops after it (default: never)",
     )
+    add_registry_arg(p)
     add_log_args(p)
 
 
@@ -131,6 +136,8 @@ def _setup(args: argparse.Namespace) -> tuple[str, App | None]:
     setup_logging(args.loglevel)
     app = load_app(args.app) if args.app else None
     configure(app.kafka_config if app else None, args.kafka_config)
+    if app is not None:
+        apply_registry(app, args)
     url = args.broker or os.environ.get(BROKER_ENV) or (app.broker if app else None)
     if not url:
         raise ConfigurationError(
@@ -140,8 +147,9 @@ def _setup(args: argparse.Namespace) -> tuple[str, App | None]:
     return normalize_broker(url), app
 
 
-def _codec(app: App | None, topic: str) -> Any:
-    """The App's codec of ``topic`` (an agent's input or output schema), else JSON."""
+def _codec(app: App | None, topic: str, registry: str | None = None) -> Any:
+    """The App's codec of ``topic`` (an agent's input or output schema), else JSON (and,
+    with a registry, registry-framed values of any schema)."""
     if app is not None:
         for b in app.agents:
             schema = b.input_schema if b.input == topic else None
@@ -149,9 +157,13 @@ def _codec(app: App | None, topic: str) -> Any:
                 schema = b.output_schema
             if schema is not None:
                 return value_codec(
-                    schema, registry_url=app.schema_registry_url, subject=f"{topic}-value"
+                    schema,
+                    registry_url=app.schema_registry_url,
+                    topic=topic,
+                    strategy=app.subject_name_strategy,
                 )
-    return JsonValueCodec()
+    url = app.schema_registry_url if app is not None else registry
+    return RegistryValueReader(url) if url else JsonValueCodec()
 
 
 def _partitions(bootstrap: str, topic: str, wait: float) -> list[int]:
@@ -221,7 +233,7 @@ def _lines(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 def run_produce(args: argparse.Namespace) -> int:
     try:
         bootstrap, app = _setup(args)
-        codec = _codec(app, args.topic)
+        codec = _codec(app, args.topic, resolve_registry_url(args.schema_registry))
         headers = [_header(h) for h in args.header]
         records = []
         for where, text in _lines(args):
@@ -296,7 +308,7 @@ def _send(
 def run_tail(args: argparse.Namespace) -> int:
     try:
         bootstrap, app = _setup(args)
-        codec = _codec(app, args.topic)
+        codec = _codec(app, args.topic, resolve_registry_url(args.schema_registry))
         partitions = _partitions(bootstrap, args.topic, 30.0)
         if args.partition is not None:
             if args.partition not in partitions:

@@ -16,8 +16,9 @@ from confluent_kafka import KafkaError, KafkaException
 from ..app import BROKER_ENV, App
 from ..errors import AgentsStreamError, ConfigurationError
 from ..kafka.admin import denial
-from ..kafka.config import scrub, url_secrets
-from .common import add_app_args, load_app, positive_int, setup_logging
+from ..kafka.config import configure, scrub, url_secrets
+from ..serde.startup import register_app_schemas
+from .common import add_app_args, apply_registry, load_app, positive_int, setup_logging
 from .processes import parse_processes
 
 log = logging.getLogger("agents_stream.cli")
@@ -168,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         guarantee = getattr(args, "processing_guarantee", None)
         if guarantee:
             app.processing_guarantee = guarantee.replace("-", "_")
+        apply_registry(app, args)
         # Checked before anything touches a broker (or starts one).
         Worker.check_options(app)
         broker = _resolve_broker(app, args.broker)
@@ -182,6 +184,12 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "processes", 1) > 1:
             signal.signal(signal.SIGTERM, previous)  # the supervisor installs its own
             return _supervise(args, app, broker if args.broker or embedded else None)
+        if app.schema_registry_url:
+            # Before any partition is taken: a refused or unreachable registry stops the
+            # worker here in one line (nothing consumed, dead-lettered or committed)
+            # instead of failing every record it would write (serde/startup.py).
+            configure(app.kafka_config, args.kafka_config)  # schema.registry.* settings
+            register_app_schemas(app)
         worker = Worker(
             app,
             broker=broker,
@@ -251,6 +259,7 @@ def _supervise(args: argparse.Namespace, app: App, broker: str | None) -> int:
         ("--replication-factor", args.replication_factor),
         ("--min-insync-replicas", args.min_insync_replicas),
         ("--processing-guarantee", args.processing_guarantee),
+        ("--schema-registry", args.schema_registry),
     ):
         if value is not None:
             base += [flag, str(value)]

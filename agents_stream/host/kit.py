@@ -208,7 +208,10 @@ class DurableHost:
 
     def _codec(self, schema: Any, topic: str) -> ValueCodec:
         return value_codec(
-            schema, registry_url=self.app.schema_registry_url, subject=f"{topic}-value"
+            schema,
+            registry_url=self.app.schema_registry_url,
+            topic=topic,
+            strategy=self.app.subject_name_strategy,
         )
 
     # -- partitions ---------------------------------------------------------------------

@@ -5,8 +5,10 @@ What an exception escaping an action run means, in order:
 
 1. ``FATAL``: the journal cannot be trusted (:data:`~agents_stream.durable.errors.FATAL_ERRORS`:
    an unreadable journal value, a strict-mode divergence), or the cluster's authorizer
-   refused a write (a missing ACL: every record would fail alike). The host stops without
-   committing the record, whatever ``on_error`` says: skipping it would guess state.
+   refused a write (a missing ACL: every record would fail alike), or the schema registry
+   refused a schema or did not answer (``serde.errors.RegistryError``). The host stops
+   without committing the record, whatever ``on_error`` says: skipping it would guess
+   state, dead-lettering it would dead-letter every record after it too.
 2. ``FAIL``: ``App(on_error="fail")``, or a host with nowhere to dead-letter. The host
    stops without committing the record; the next owner runs it again.
 3. ``DEAD_LETTER``: ``App(on_error="dlq")``: the record goes to ``<input>-dlq`` (a timer,
@@ -25,6 +27,7 @@ from typing import Any, Literal
 
 from ..durable.errors import FATAL_ERRORS
 from ..kafka.admin import denial
+from ..serde.errors import RegistryError
 
 OnError = Literal["dlq", "fail"]
 
@@ -45,6 +48,11 @@ def classify(exc: BaseException, on_error: OnError, *, can_dead_letter: bool = T
     if isinstance(exc, FATAL_ERRORS) or denial(exc) is not None:
         # Also what the cluster's authorizer refused (a journal write): not the record's
         # fault, so dead-lettering it (and every record after it) would lose them all.
+        return Verdict.FATAL
+    if isinstance(exc, RegistryError):
+        # A schema registry that refuses a schema or does not answer (issue 52): a
+        # configuration or service fault, not the record's, so never a dead letter; the
+        # record stays uncommitted for the next start, which checks the registry first.
         return Verdict.FATAL
     if on_error == "fail" or not can_dead_letter:
         return Verdict.FAIL

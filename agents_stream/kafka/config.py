@@ -6,7 +6,9 @@ properties file (``--kafka-config PATH``), then ``AGENTS_STREAM_KAFKA_*`` enviro
 variables (``AGENTS_STREAM_KAFKA_SASL_PASSWORD`` -> ``sasl.password``); finally the
 client-specific ``consumer_config``/``producer_config``. Every builder below applies the
 common layer, so a cluster that needs SASL/TLS is configured once for the worker, its
-cache-rebuild readers, the admin client, the CLI tools and the Spark jobs.
+cache-rebuild readers, the admin client, the CLI tools and the Spark jobs. Keys under
+``schema.registry.`` in these layers configure the schema registry's client instead
+(``serde/registry.py``) and are left out of every librdkafka configuration.
 
 The common layer is process-wide (:func:`configure`): clients are built deep inside
 stores and jobs, and a process talks to one cluster. Secrets never leave this module
@@ -29,6 +31,7 @@ from ..errors import ConfigurationError
 ENV_PREFIX = "AGENTS_STREAM_KAFKA_"
 CONFIG_FILE_ENV = "AGENTS_STREAM_KAFKA_CONFIG"  # the path; not itself a property
 REDACTED = "[redacted]"
+REGISTRY_PREFIX = "schema.registry."
 _SECRET = re.compile(r"(password|secret|jaas|basic\.auth\.user\.info|key\.pem|token)", re.I)
 
 _common: dict[str, Any] = {}
@@ -142,6 +145,10 @@ def _layered(
     conf = defaults
     conf.update(common_config())
     conf.update(overrides or {})
+    for key in [k for k in conf if k.startswith(REGISTRY_PREFIX)]:
+        # Settings of the schema registry's client (serde/registry.py) share the layers;
+        # librdkafka refuses properties it does not know.
+        del conf[key]
     conf["bootstrap.servers"] = bootstrap
     conf.setdefault("logger", rdkafka_logger())
     if log.isEnabledFor(logging.DEBUG):

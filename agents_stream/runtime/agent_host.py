@@ -36,6 +36,7 @@ from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.dlq import REPLAY_HEADER, DeadLetters, original_identity
 from ..host.policy import judge, record_where
 from ..host.progress import KeptJournals
+from ..serde.errors import RegistryError
 from .controller import Admitted, ExecutionController
 from .logs import record_fields
 
@@ -250,6 +251,13 @@ class AgentHost:
 
     async def dead_letter(self, msg: Message, stage: str, exc: BaseException) -> None:
         """Send ``msg`` to its dead-letter topic and return once that is acked."""
+        if isinstance(exc, RegistryError):
+            # Issue 52: the schema registry did not answer while the value was decoded.
+            # Not the record's fault: stop without committing it, never dead-letter it.
+            where = record_where(msg.topic(), msg.partition(), msg.offset(), str(msg.key()))
+            judge(log, exc, f"decoding {where}", self._on_error, host="worker")
+            self._on_fatal(exc)
+            raise exc
         self._stats["dlq"] += 1
         self.counts[f"failed:{stage}"] += 1
         await acked(self._dlq.send(msg, stage, exc))

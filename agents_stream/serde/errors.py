@@ -60,3 +60,31 @@ class JournalEncodeError(ValueEncodeError):
         self.seq = seq
         self.action = action
         self.index = index
+
+
+class RegistryError(SerdeError):
+    """The schema registry could not give a schema or an id: a configuration or service
+    problem, never a bad record. Hosts neither dead-letter nor commit a record over it
+    (``host/policy.py``); at start-up the worker stops in one line with it.
+
+    Attributes:
+        subject: the registry subject (None for a lookup by id).
+        version: what was being registered or looked up (``ActionState v6``, ``schema
+            id 42``).
+        reason: the server's own words (or the transport error), secrets scrubbed.
+    """
+
+    def __init__(self, message: str, *, subject: str | None, version: str, reason: str) -> None:
+        super().__init__(message)
+        self.subject = subject
+        self.version = version
+        self.reason = reason
+
+
+class SchemaRefused(RegistryError):
+    """The registry refused to register a schema (incompatible under the subject's
+    compatibility level, invalid), or, with auto-registration off, does not hold it."""
+
+
+class RegistryUnavailable(RegistryError):
+    """The registry did not answer (connection refused, timeout, HTTP 5xx): transient."""

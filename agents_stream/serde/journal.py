@@ -56,7 +56,13 @@ from .compiled import (
     compile_object_codec,
     compile_projection,
 )
-from .errors import JournalEncodeError, SerdeError, ValueDecodeError, ValueEncodeError
+from .errors import (
+    JournalEncodeError,
+    RegistryError,
+    SerdeError,
+    ValueDecodeError,
+    ValueEncodeError,
+)
 from .framing import single_object_header
 from .registry import RegistryBinding
 from .schemas import JOURNAL_RECORD_TYPE, load_versions
@@ -209,6 +215,8 @@ class JournalCodec:
             return from_datum(name, datum)
         except ValueDecodeError as exc:
             raise _decode_error(exc.reason, key) from exc
+        except RegistryError:
+            raise  # the registry's fault (unreachable), not the record's: said as such
         except (SerdeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             reason = f"not a journal entry of {self._label}: {type(exc).__name__}: {exc}"
             raise _decode_error(reason, key) from exc

@@ -1,31 +1,102 @@
-"""Thin binding to a Confluent Schema Registry (``confluent_kafka.schema_registry``).
+"""Thin binding to a Confluent-compatible Schema Registry (``confluent_kafka.schema_registry``).
 
-One client per URL per process, so a ``mock://`` registry (confluent-kafka's in-process
-fake, for tests) is shared by every codec and CLI command that names the same URL, as a
-real registry would be. Nothing talks to the registry until a record needs it.
+Where the registry comes from, for every command and host alike (later wins):
+``App(schema_registry_url=)``, then ``$AGENTS_STREAM_SCHEMA_REGISTRY``, then the command's
+``--schema-registry`` (:func:`resolve_registry_url`). Client settings (basic auth, TLS,
+timeouts) are ``schema.registry.<setting>`` keys of the common Kafka client configuration
+(``kafka/config.py``): ``App(kafka_config=)``, ``--kafka-config`` files and
+``AGENTS_STREAM_KAFKA_SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO``-style variables, so a secured
+deployment is configured once and its secrets are redacted like the cluster's.
+``schema.registry.auto.register.schemas=false`` makes writers look their schema up
+instead of registering it.
+
+One client per URL and settings per process, so a ``mock://`` registry (confluent-kafka's
+in-process fake, for tests) is shared by every codec and command naming the same URL, as a
+real registry would be. Schema ids are cached per process too: once the worker has
+registered (or looked up) what it writes at start-up (``serde/startup.py``), records are
+written without asking the registry again, so a rule changed under a running worker cannot
+refuse them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any
 
-from .errors import SchemaError
+from ..kafka.config import common_config, redact_url, scrub, url_secrets
+from .errors import RegistryError, RegistryUnavailable, SchemaError, SchemaRefused
 from .schemas import SchemaVersion
 
-_clients: dict[str, Any] = {}
-_clients_lock = threading.Lock()
+REGISTRY_ENV = "AGENTS_STREAM_SCHEMA_REGISTRY"
+SETTING_PREFIX = "schema.registry."
+AUTO_REGISTER = "auto.register.schemas"
+# A registry call never blocks a worker for long: confluent-kafka's client waits without
+# limit by default, and retries a 5xx answer three times, up to 20 s apart.
+_CLIENT_DEFAULTS: dict[str, Any] = {
+    "timeout": 10,
+    "max.retries": 2,
+    "retries.wait.ms": 200,
+    "retries.max.wait.ms": 2000,
+}
+# Settings confluent-kafka's client type-checks as numbers (files and variables give text).
+_NUMERIC = ("timeout", "max.retries", "retries.wait.ms", "retries.max.wait.ms", "cache.capacity",
+            "cache.latest.ttl.sec")  # fmt: skip
+
+_clients: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
+_ids: dict[tuple[str, str, bytes], int] = {}  # (url, subject, fingerprint) -> schema id
+_schemas: dict[tuple[str, int], SchemaVersion] = {}  # (url, schema id) -> writer schema
+_lock = threading.Lock()
+
+
+def resolve_registry_url(override: str | None = None, app_url: str | None = None) -> str | None:
+    """``--schema-registry`` > ``$AGENTS_STREAM_SCHEMA_REGISTRY`` > ``App(schema_registry_url)``."""
+    return override or os.environ.get(REGISTRY_ENV) or app_url or None
+
+
+def registry_settings() -> dict[str, Any]:
+    """The ``schema.registry.*`` keys of the common client configuration, prefix stripped."""
+    return {
+        k[len(SETTING_PREFIX) :]: v
+        for k, v in common_config().items()
+        if k.startswith(SETTING_PREFIX) and k != SETTING_PREFIX + "url"
+    }
+
+
+def auto_register(default: bool = True) -> bool:
+    """Whether writers register their schema (else they only look it up)."""
+    value = registry_settings().get(AUTO_REGISTER)
+    if value is None:
+        return default
+    return str(value).strip().lower() not in ("false", "0", "no", "off")
+
+
+def describe(url: str) -> str:
+    """The registry's URL, credentials redacted: for messages."""
+    return redact_url(url)
 
 
 def registry_client(url: str) -> Any:
-    """The process-wide ``SchemaRegistryClient`` for ``url`` (``mock://...`` is in-memory).
+    """The process-wide ``SchemaRegistryClient`` for ``url`` and the current settings.
 
     Raises:
-        SchemaError: the schema-registry extras of confluent-kafka are not installed.
+        SchemaError: the schema-registry extras of confluent-kafka are not installed, or
+            a ``schema.registry.*`` setting is refused (named, value withheld).
     """
-    with _clients_lock:
-        client = _clients.get(url)
+    conf = dict(_CLIENT_DEFAULTS)
+    for key, value in registry_settings().items():
+        if key == AUTO_REGISTER:
+            continue  # ours, not the client's
+        if key in _NUMERIC and isinstance(value, str):
+            try:
+                value = float(value) if "." in value else int(value)
+            except ValueError:
+                raise SchemaError(f"schema.registry.{key} must be a number") from None
+        conf[key] = value
+    cache_key = (url, tuple(sorted((k, repr(v)) for k, v in conf.items())))
+    with _lock:
+        client = _clients.get(cache_key)
         if client is None:
             try:
                 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -34,8 +105,15 @@ def registry_client(url: str) -> Any:
                     "a schema registry URL is set but confluent-kafka's schema registry "
                     f"client cannot be imported ({exc}); install agents-stream[registry]"
                 ) from exc
-            client = SchemaRegistryClient.new_client({"url": url})
-            _clients[url] = client
+            try:
+                client = SchemaRegistryClient.new_client({"url": url, **conf})
+            except (ValueError, TypeError, OSError) as exc:
+                reason = scrub(str(exc), url_secrets(url))
+                raise SchemaError(
+                    f"schema registry {describe(url)}: client settings refused: {reason}; "
+                    "fix the schema.registry.* settings"
+                ) from exc
+            _clients[cache_key] = client
         return client
 
 
@@ -46,48 +124,141 @@ def avro_schema(version: SchemaVersion) -> Any:
     return Schema(json.dumps(version.raw), "AVRO")
 
 
+def registry_failure(
+    exc: BaseException, *, url: str, subject: str | None, version: str, doing: str
+) -> RegistryError:
+    """``exc`` from a registry call as a :class:`RegistryError` in one line: the server's
+    reason and HTTP status, or the transport error, credentials scrubbed.
+
+    ``doing`` says what was asked ("register", "look up", "fetch").
+    """
+    status = getattr(exc, "http_status_code", None)
+    reason = getattr(exc, "error_message", None) or str(exc) or type(exc).__name__
+    reason = scrub(" ".join(str(reason).split()), url_secrets(url))
+    where = f" under subject {subject!r}" if subject else ""
+    if isinstance(status, int) and status > 0:
+        said = f"{reason} (HTTP {status})"
+        transient = status >= 500 or status in (408, 429)
+    else:
+        said = f"{type(exc).__name__}: {reason}"
+        transient = True  # no answer: connection refused, timeout, DNS
+    if transient:
+        return RegistryUnavailable(
+            f"schema registry {describe(url)} unavailable to {doing} {version}{where}: {said}",
+            subject=subject,
+            version=version,
+            reason=said,
+        )
+    verb = "refused" if doing == "register" else f"could not {doing}"
+    return SchemaRefused(
+        f"schema registry {describe(url)} {verb} {version}{where}: {said}",
+        subject=subject,
+        version=version,
+        reason=said,
+    )
+
+
+def ensure_registered(
+    url: str,
+    subject: str,
+    version: SchemaVersion,
+    *,
+    register: bool = True,
+    label: str | None = None,
+) -> int:
+    """The id of ``version`` under ``subject``: registered (idempotent) or, with
+    ``register=False``, looked up; cached for the life of the process.
+
+    ``label`` names the schema in messages (default ``version.label``).
+
+    Raises:
+        SchemaRefused: the registry refused it (its reason quoted), or does not hold it
+            and ``register`` is off.
+        RegistryUnavailable: no answer.
+    """
+    key = (url, subject, version.fingerprint)
+    found = _ids.get(key)
+    if found is not None:
+        return found
+    client = registry_client(url)
+    try:
+        if register:
+            schema_id = int(client.register_schema(subject, avro_schema(version)))
+        else:
+            schema_id = int(client.lookup_schema(subject, avro_schema(version)).schema_id)
+    except SchemaError:
+        raise
+    except Exception as exc:  # SchemaRegistryError or a transport error
+        raise registry_failure(
+            exc,
+            url=url,
+            subject=subject,
+            version=label or version.label,
+            doing="register" if register else "look up",
+        ) from exc
+    with _lock:
+        _ids[key] = schema_id
+        _schemas[(url, schema_id)] = version
+    return schema_id
+
+
+def schema_by_id(url: str, schema_id: int) -> SchemaVersion:
+    """The writer schema registered as ``schema_id`` (any subject), cached.
+
+    Raises:
+        SchemaError: the registry does not know the id (a bad record: dead-lettered).
+        RegistryUnavailable: no answer (transient: never a reason to dead-letter).
+    """
+    found = _schemas.get((url, schema_id))
+    if found is not None:
+        return found
+    try:
+        schema = registry_client(url).get_schema(schema_id)
+    except SchemaError:
+        raise
+    except Exception as exc:  # SchemaRegistryError or a transport error
+        failure = registry_failure(
+            exc, url=url, subject=None, version=f"schema id {schema_id}", doing="fetch"
+        )
+        if isinstance(failure, RegistryUnavailable):
+            raise failure from exc
+        raise SchemaError(f"schema id {schema_id} not found in registry: {failure.reason}") from exc
+    if getattr(schema, "schema_type", "AVRO") not in (None, "AVRO"):
+        raise SchemaError(f"schema id {schema_id} is a {schema.schema_type} schema, not Avro")
+    version = SchemaVersion.from_raw(json.loads(schema.schema_str))
+    with _lock:
+        _schemas[(url, schema_id)] = version
+    return version
+
+
 class RegistryBinding:
-    """Schema ids for one subject: registered lazily on first write, cached both ways.
+    """Schema ids for one subject of one registry.
 
     Args:
         url: registry URL (``http://...`` or ``mock://name``).
-        subject: subject writers register under (``<topic>-value``).
+        subject: subject writers register under (``<topic>-value`` by default).
+        register: register a writer missing from the registry (default: the
+            ``schema.registry.auto.register.schemas`` setting, on unless set false);
+            False looks it up and refuses when it is not there.
     """
 
-    def __init__(self, url: str, subject: str) -> None:
+    def __init__(self, url: str, subject: str, *, register: bool | None = None) -> None:
         self.url = url
         self.subject = subject
-        self._ids: dict[bytes, int] = {}
-        self._schemas: dict[int, SchemaVersion] = {}
-        self._lock = threading.Lock()
+        self.register = auto_register() if register is None else register
 
     def id_for(self, version: SchemaVersion) -> int:
-        """Register ``version`` under the subject (idempotent) and return its id."""
-        schema_id = self._ids.get(version.fingerprint)
-        if schema_id is None:
-            with self._lock:
-                schema_id = registry_client(self.url).register_schema(
-                    self.subject, avro_schema(version)
-                )
-                self._ids[version.fingerprint] = schema_id
-                self._schemas[schema_id] = version
-        return schema_id
+        """The id of ``version`` under the subject (cached; see :func:`ensure_registered`)."""
+        return ensure_registered(self.url, self.subject, version, register=self.register)
 
     def schema_for(self, schema_id: int) -> SchemaVersion:
-        """The writer schema registered as ``schema_id`` (any subject).
+        """The writer schema registered as ``schema_id`` (see :func:`schema_by_id`)."""
+        return schema_by_id(self.url, schema_id)
 
-        Raises:
-            SchemaError: the registry does not know the id or is unreachable.
-        """
-        version = self._schemas.get(schema_id)
-        if version is None:
-            try:
-                found = registry_client(self.url).get_schema(schema_id)
-            except SchemaError:
-                raise
-            except Exception as exc:  # SchemaRegistryError or a transport error
-                raise SchemaError(f"schema id {schema_id} not found in registry: {exc}") from exc
-            version = SchemaVersion.from_raw(json.loads(found.schema_str))
-            with self._lock:
-                self._schemas[schema_id] = version
-        return version
+
+def forget() -> None:
+    """Drop the cached clients, ids and schemas (tests that restart a registry)."""
+    with _lock:
+        _clients.clear()
+        _ids.clear()
+        _schemas.clear()

@@ -15,8 +15,10 @@ from ..durable.values import plain_bytes
 from ..errors import ConfigurationError
 from .avro import AvroSerde
 from .errors import SchemaError, ValueDecodeError, ValueEncodeError
-from .registry import RegistryBinding
+from .framing import CONFLUENT_MAGIC
+from .registry import RegistryBinding, schema_by_id
 from .schemas import SchemaVersion
+from .subjects import value_subject
 
 
 class ValueCodec(Protocol):
@@ -74,11 +76,44 @@ class AvroValueCodec:
         return self._serde.decode(data)
 
 
+class RegistryValueReader:
+    """Decodes registry-framed values of any schema by the writer schema their id names
+    (what ``agents-stream tail`` shows without an App schema); other values as JSON.
+
+    Raises ValueEncodeError on :meth:`encode`: writing needs a schema (``App.agent``).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._json = JsonValueCodec()
+
+    def encode(self, value: Any) -> bytes:
+        raise ValueEncodeError(
+            "no value schema for this topic: producing Avro through the registry needs "
+            "-A with an agent whose input_schema/output_schema covers it"
+        )
+
+    def decode(self, data: bytes) -> Any:
+        """Raises ValueDecodeError: unknown schema id, corrupt body, or not JSON."""
+        if data[:1] != CONFLUENT_MAGIC or len(data) < 5:
+            return self._json.decode(data)
+        schema_id = int.from_bytes(data[1:5], "big")
+        try:
+            writer = schema_by_id(self.url, schema_id)
+        except SchemaError as exc:
+            raise ValueDecodeError(str(exc)) from exc
+        return AvroSerde(
+            [writer], registry=RegistryBinding(self.url, "-"), record_names=False
+        ).decode(data)
+
+
 def value_codec(
     schema: str | Path | dict[str, Any] | None,
     *,
     registry_url: str | None = None,
     subject: str | None = None,
+    topic: str | None = None,
+    strategy: str = "topic",
 ) -> ValueCodec:
     """Build the codec of a topic's values.
 
@@ -86,10 +121,12 @@ def value_codec(
         schema: ``None`` for JSON; else an Avro schema as a dict, a JSON string, or the
             path of an ``.avsc`` file.
         registry_url: Schema Registry URL: switches Avro to the Confluent wire format.
-        subject: registry subject (usually ``<topic>-value``); required with a registry.
+        subject: registry subject; with a registry, it or ``topic`` is required.
+        topic: the topic, whose subject ``strategy`` names (``serde/subjects.py``).
+        strategy: ``topic`` (``<topic>-value``), ``record`` or ``topic_record``.
 
     Raises:
-        ConfigurationError: a registry without a subject.
+        ConfigurationError: a registry without a subject or topic.
         SchemaError: the schema cannot be read or is not valid Avro.
     """
     if schema is None:
@@ -97,10 +134,17 @@ def value_codec(
     parsed = SchemaVersion.from_raw(_load_schema(schema), record_type="value")
     registry = None
     if registry_url:
+        if not subject and topic:
+            subject = value_subject(topic, parsed.raw, strategy)
         if not subject:
             raise ConfigurationError("an Avro value codec with a registry needs a subject")
         registry = RegistryBinding(registry_url, subject)
     return AvroValueCodec(parsed, registry)
+
+
+def load_value_schema(schema: str | Path | dict[str, Any]) -> SchemaVersion:
+    """A value schema given as on ``App.agent`` (dict, JSON text or ``.avsc`` path)."""
+    return SchemaVersion.from_raw(_load_schema(schema), record_type="value")
 
 
 def _load_schema(schema: str | Path | dict[str, Any]) -> Any:

@@ -88,7 +88,8 @@ def _driver_client_config() -> tuple[tuple[str, Any], ...]:
 
 
 # The settings of a client configuration that say how to reach and log in to the cluster.
-_CONNECTION = ("security.", "sasl.", "ssl.", "ssl_", "enable.ssl", "oauthbearer", "client.")
+_CONNECTION = ("security.", "sasl.", "ssl.", "ssl_", "enable.ssl", "oauthbearer", "client.",
+               "schema.registry.")  # fmt: skip
 
 
 def _on_executor(conf: dict[str, Any]) -> None:

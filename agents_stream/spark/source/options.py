@@ -337,7 +337,11 @@ def source_options(
     # The common client configuration (security) travels as kafka.* options so that
     # executors' readers connect like the driver; Spark redacts password/secret/token
     # options in its UI and plans.
-    out = {f"kafka.{k}": _option(v) for k, v in common_config().items()}
+    out = {
+        f"kafka.{k}": _option(v)
+        for k, v in common_config().items()
+        if not k.startswith("schema.registry.")  # the registry client's, not librdkafka's
+    }
     out |= {
         "kafka.bootstrap.servers": bootstrap,
         "startingOffsets": _offsets_option(starting),
