@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from concurrent.futures import Future
 
 from ..durable.journal import InputProgress
@@ -87,7 +87,7 @@ class CompletedThrough:
             out.append(InputProgress(topic, partition, position, now, self.writer))
         return out
 
-    def written(self, markers: Sequence[InputProgress], held: set[Partition]) -> None:
+    def written(self, markers: Sequence[InputProgress], held: Container[Partition]) -> None:
         """``markers`` are durable (acked, or committed with their transaction): records
         below a marker this host wrote are done as below one it found on assignment, so
         if the client hands them over again (Apache Kafka did, after an asynchronous

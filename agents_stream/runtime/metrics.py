@@ -284,8 +284,12 @@ class WorkerCollector(Collector):
             "last offset committed by this worker",
             labels=["topic", "partition"],
         )
-        offsets = getattr(w, "offsets", None)
-        trackers = dict(_snapshot(offsets.partitions)) if offsets is not None else {}
+        # Offsets of the partitions that had a record since their assignment.
+        trackers = {
+            tp: part.offsets
+            for tp, part in _snapshot(getattr(w, "partitions", {}))
+            if part.offsets.next >= 0
+        }
         consumer = getattr(w, "consumer", None)
         if consumer is not None and owned:
             try:

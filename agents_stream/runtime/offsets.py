@@ -50,27 +50,3 @@ class PartitionOffsets:
         if position < 0 or position <= self.committed:
             return None
         return position
-
-
-class OffsetTracker:
-    def __init__(self) -> None:
-        self.partitions: dict[tuple[str, int], PartitionOffsets] = {}
-
-    def get(self, topic: str, partition: int) -> PartitionOffsets:
-        # Called per record: build the tracker only when missing (setdefault built one
-        # every time).
-        offsets = self.partitions.get((topic, partition))
-        if offsets is None:
-            offsets = self.partitions[(topic, partition)] = PartitionOffsets()
-        return offsets
-
-    def drop(self, topic: str, partition: int) -> None:
-        self.partitions.pop((topic, partition), None)
-
-    def committable(self) -> dict[tuple[str, int], int]:
-        out = {}
-        for tp, offsets in self.partitions.items():
-            position = offsets.committable()
-            if position is not None:
-                out[tp] = position
-        return out

@@ -21,13 +21,21 @@ no-op for a timer that is no longer live.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, TopicPartition
 
 from ..durable.journal import TimerEntry
+
+if TYPE_CHECKING:
+    from .agent_host import AgentHost
+    from .controller import ExecutionController
+    from .partition import Partition
 
 log = logging.getLogger("agents_stream.worker")
 NEVER = 1 << 62
@@ -95,6 +103,10 @@ class TimerService:
     def pending(self) -> int:
         return len(self._scheduled)
 
+    def held(self, agent: str, partition: int) -> int:
+        """How many timers of the partition are scheduled."""
+        return sum(len(self._heaps.get((agent, partition, k), ())) for k in ("event", "processing"))
+
     def _pop(self, select, limit: int) -> list[TimerEntry]:  # type: ignore[no-untyped-def]
         out: list[TimerEntry] = []
         for (agent, partition, kind), heap in self._heaps.items():
@@ -135,3 +147,92 @@ def input_end(
     # the low watermark is where that record is expected.
     first = committed.offset if committed.offset >= 0 else (low if earliest else -1)
     return (high if start < high else None), first
+
+
+TIMER_TICK = 0.05  # seconds between processing-time timer checks
+
+
+class Firings:
+    """The worker's side of its timers: loads a held partition's schedule, arms it once
+    its uncommitted input was re-consumed, and submits what is due to the controller in
+    its key's place in line (key order, in-flight limit, and a watermark's firings are
+    part of its epoch). A firing never touches offsets: its timer's tombstone is its
+    commit."""
+
+    def __init__(
+        self,
+        service: TimerService,
+        agents: Mapping[str, AgentHost],
+        controller: ExecutionController,
+        partitions: Mapping[tuple[str, int], Partition],
+        stats: dict[str, int],
+    ) -> None:
+        self.service = service
+        self._stats = stats
+        self._agents = agents
+        self._controller = controller
+        self._partitions = partitions
+        self.event_time: dict[str, int] = {}  # agent input topic -> its event time
+        self._topics: dict[str, str] = {}  # agent name -> the input its timers fire for
+        for topic, host in agents.items():
+            if host.name in self._topics:
+                log.warning(
+                    "agent %s is bound to several inputs; its timers fire for %s only",
+                    host.name,
+                    self._topics[host.name],
+                )
+            else:
+                self._topics[host.name] = topic
+
+    def load(self, part: Partition, timers: list[TimerEntry]) -> None:
+        """Loop thread, before any record of a newly assigned partition: its live timers,
+        held until :meth:`arm` unless nothing is left to re-consume."""
+        name = self._agents[part.topic].name
+        self.service.load(name, part.number, timers, armed=part.arm_at is None)
+
+    def arm(self, part: Partition) -> None:
+        part.arm_at = None
+        host = self._agents.get(part.topic)
+        if host is not None and self.service.arm(host.name, part.number):
+            held = self.service.held(host.name, part.number)
+            if held:
+                log.info(
+                    "timers of %s[%d] armed: %d (uncommitted input re-consumed)",
+                    part.topic, part.number, held,
+                )  # fmt: skip
+
+    def drop(self, topic: str, partition: int) -> None:
+        """A revoke: no timer of the partition fires from now on (a firing after the
+        drain would run again on the next owner)."""
+        host = self._agents.get(topic)
+        if host is not None:
+            self.service.drop(host.name, partition)
+
+    def watermark_done(self, topic: str, watermark: int) -> None:
+        """Every record before this watermark has finished: event time has advanced, and
+        the event-time timers of the topic's agent up to it fire."""
+        self.event_time[topic] = watermark
+        self._stats["watermarks"] += 1
+        for timer in self.service.due_event(self._agents[topic].name, watermark):
+            self._fire(topic, timer)
+
+    async def run(self) -> None:
+        """Processing-time timers, checked every ``TIMER_TICK``."""
+        while True:
+            await asyncio.sleep(TIMER_TICK)
+            for timer in self.service.due_processing(int(time.time() * 1000)):
+                topic = self._topics.get(timer.agent)
+                if topic is not None:
+                    self._fire(topic, timer)
+
+    def _fire(self, topic: str, timer: TimerEntry) -> None:
+        if (topic, timer.partition) not in self._partitions:
+            return
+        host = self._agents[topic]
+        self._controller.submit(
+            timer.key, (topic, timer.partition), lambda: host.handle_timer(timer), _ignore
+        )
+
+
+def _ignore(ok: bool) -> None:
+    """A timer firing's end: nothing to commit (the timer tombstone is its commit)."""

@@ -41,7 +41,6 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from heapq import heappop
 from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -57,7 +56,7 @@ if TYPE_CHECKING:
     from ..state.kafka import KafkaActionStateStore
     from .agent_host import AgentHost
     from .commit import GroupCommit
-    from .offsets import OffsetTracker
+    from .partition import Partition as Held
 
 log = logging.getLogger("agents_stream.worker")
 
@@ -86,12 +85,10 @@ class CommitHost(Protocol):
 
     app: App
     store: KafkaActionStateStore | None
-    offsets: OffsetTracker
     committer: GroupCommit
     progress: CompletedThrough | None
     _agents: dict[str, AgentHost]
-    _owned: set[tuple[str, int]]
-    _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
+    partitions: dict[tuple[str, int], Held]
     _loop: asyncio.AbstractEventLoop | None
     ownership: Ownership
     stats: defaultdict[str, int]
@@ -176,7 +173,7 @@ class Commits:
         markers = progress.markers(agents) if progress is not None and agents else []
         marked = self._w.committer.commit(held, markers, asynchronous=asynchronous)
         if marked and progress is not None:
-            progress.written(markers, self._w._owned)
+            progress.written(markers, self._w.partitions)
         return marked, held
 
     def transaction_failed(self, exc: TransactionFailed) -> None:
@@ -197,8 +194,11 @@ class Commits:
             return Snapshot({}, {})
         lease = self._w.ownership.lease
         offsets, leases = {}, {}
-        for tp, o in self._w.offsets.committable().items():
-            if (only is None or tp in only) and tp in self._w._owned:
+        for tp, part in list(self._w.partitions.items()):
+            if only is not None and tp not in only:
+                continue
+            o = part.offsets.committable()
+            if o is not None:
                 hold = lease(*tp)
                 if hold:
                     offsets[tp] = o
@@ -222,9 +222,9 @@ class Commits:
 
     def _uncommit(self, failed: list[tuple[str, int, int]]) -> None:
         for topic, partition, offset in failed:
-            tracker = self._w.offsets.partitions.get((topic, partition))
-            if tracker is not None and offset >= 0:
-                tracker.committed = min(tracker.committed, offset - 1)
+            part = self._w.partitions.get((topic, partition))
+            if part is not None and offset >= 0:
+                part.uncommit(offset)
 
     def committed(
         self, offsets: dict[tuple[str, int], int]
@@ -232,17 +232,12 @@ class Commits:
         """Loop thread: record the commit; take the finished records it covers."""
         done: dict[tuple[str, int], list[tuple[int, str]]] = {}
         for tp, position in offsets.items():
-            tracker = self._w.offsets.partitions.get(tp)
-            if tracker is None:
+            part = self._w.partitions.get(tp)
+            if part is None:
                 continue  # revoked meanwhile
-            tracker.committed = max(tracker.committed, position)
-            finished = self._w._finished.get(tp)
-            if finished and finished[0][0] < position:
-                # A heap by offset: a commit takes what it covers without walking the
-                # records finished past it (thousands while a slow key holds it back).
-                covered = done[tp] = []
-                while finished and finished[0][0] < position:
-                    covered.append(heappop(finished))
+            covered = part.committed(position)
+            if covered:
+                done[tp] = covered
         return done
 
     def prune(self, done: dict[tuple[str, int], list[tuple[int, str]]]) -> None:

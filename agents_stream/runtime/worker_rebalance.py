@@ -47,15 +47,14 @@ from .timers import input_end
 
 if TYPE_CHECKING:
     from ..app import App
-    from ..durable.journal import TimerEntry
     from ..host.progress import CompletedThrough
     from ..state.kafka import KafkaActionStateStore
     from .agent_host import AgentHost
     from .async_io import AsyncIOHost
     from .commit import GroupCommit
     from .controller import ExecutionController
-    from .offsets import OffsetTracker
-    from .timers import TimerService
+    from .partition import Partition
+    from .timers import Firings
     from .watermarks import WatermarkGenerator
     from .worker_commits import Commits, Snapshot
 
@@ -75,24 +74,18 @@ class RebalanceHost(Protocol):
     app: App
     store: KafkaActionStateStore | None
     controller: ExecutionController
-    offsets: OffsetTracker
-    timers: TimerService
+    firings: Firings
     stats: defaultdict[str, int]
     rebuilding: int
+    partitions: dict[tuple[str, int], Partition]
     _agents: dict[str, AgentHost]
     _async_ios: dict[str, AsyncIOHost]
     _watermarks: dict[str, WatermarkGenerator]
-    _owned: set[tuple[str, int]]
     _rebalances: int
-    _rewinds: dict[tuple[str, int], list[Any]]
-    _first_expected: dict[tuple[str, int], int]
     _reset_earliest: bool
     _state_refs: defaultdict[int, int]
-    _finished: defaultdict[tuple[str, int], list[tuple[int, str]]]
-    _routes: dict[tuple[str, int], Any]
     progress: CompletedThrough | None
     committer: GroupCommit
-    _arm_at: dict[tuple[str, int], int]
     _paused: bool
     _loop: asyncio.AbstractEventLoop | None
     ownership: Ownership
@@ -106,14 +99,9 @@ class RebalanceHost(Protocol):
 
     commits: Commits
 
-    def _load_timers(
-        self,
-        topic: str,
-        partition: int,
-        timers: list[TimerEntry],
-        arm_at: int | None,
-        committed: int = -1,
-    ) -> None: ...
+    def held(
+        self, topic: str, number: int, first_expected: int, arm_at: int | None
+    ) -> Partition: ...
 
     def _suspected(self) -> None: ...
 
@@ -161,15 +149,16 @@ class Rebalance:
                 self._load_progress(tp.topic, tp.partition)
                 name = self._w._agents[tp.topic].name
                 timers = [t for t in self._w.store.timers(tp.partition) if t.agent == name]
-                arm_at, committed = input_end(
+                arm_at, first = input_end(
                     consumer, tp.topic, tp.partition, earliest=self._w._reset_earliest
                 )
+                part = self._w.held(tp.topic, tp.partition, first, arm_at)
                 assert self._w._loop is not None
                 # Runs on the loop before any record fetched by this consume call.
-                self._w._loop.call_soon_threadsafe(
-                    self._w._load_timers, tp.topic, tp.partition, timers, arm_at, committed
-                )
-            self._w._owned.add((tp.topic, tp.partition))
+                self._w._loop.call_soon_threadsafe(self._w.firings.load, part, timers)
+            else:
+                part = self._w.held(tp.topic, tp.partition, -1, None)
+            self._w.partitions[(tp.topic, tp.partition)] = part
             self._w.ownership.acquire(tp.topic, tp.partition)
         if self._w._paused:
             consumer.pause(partitions)
@@ -194,7 +183,7 @@ class Rebalance:
         """Incremental (cooperative-sticky): only the partitions taken away; the others
         keep running. ``lost``: see :meth:`_on_lost`."""
         self._w._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
-        revoked = {(tp.topic, tp.partition) for tp in partitions} & self._w._owned
+        revoked = {(tp.topic, tp.partition) for tp in partitions} & self._w.partitions.keys()
         self._w._unconfirmed -= {(tp.topic, tp.partition) for tp in partitions}
         if not revoked:
             return
@@ -225,7 +214,7 @@ class Rebalance:
             self._w.commits.prune(done)
         for topic, partition in revoked:
             self._w.ownership.release(topic, partition)  # after the commit's own writes
-            self._w._owned.discard((topic, partition))
+            self._w.partitions.pop((topic, partition), None)
             if topic in self._w._agents and self._w.store is not None:
                 self._w._state_refs[partition] -= 1
                 if self._w._state_refs[partition] <= 0:
@@ -263,7 +252,7 @@ class Rebalance:
     def after_freeze(self) -> None:
         """Kafka thread, once the holds were suspended (see the module doc): release
         every partition as lost, then let :meth:`_confirm` ask the group."""
-        held = [TopicPartition(t, p) for t, p in sorted(self._w._owned)]
+        held = [TopicPartition(t, p) for t, p in sorted(self._w.partitions)]
         if held:
             self.on_revoke(self._w.consumer, held, lost=True)
         self._w._unconfirmed |= {(tp.topic, tp.partition) for tp in held}
@@ -347,9 +336,7 @@ class Rebalance:
         their in-flight work is drained for up to ``timeout`` (0: cancelled at once).
         Returns the abandoned count and the offsets to commit."""
         for topic, partition in revoked:
-            if topic in self._w._agents:
-                self._w.timers.drop(self._w._agents[topic].name, partition)
-                self._w._arm_at.pop((topic, partition), None)
+            self._w.firings.drop(topic, partition)
         abandoned = await self._w.controller.drain(revoked, timeout)
         return abandoned, self._w.commits.committable(revoked)
 
@@ -365,11 +352,6 @@ class Rebalance:
             host = self._w._async_ios.get(topic)
             if host is not None:  # a revoked partition must not hold back the watermark
                 host.forget_partitions([partition])
-            self._w.offsets.drop(topic, partition)
-            self._w._routes.pop((topic, partition), None)
-            self._w._finished.pop((topic, partition), None)
-            self._w._rewinds.pop((topic, partition), None)
-            self._w._first_expected.pop((topic, partition), None)
         return done
 
 

@@ -31,8 +31,10 @@ def test_keys_are_released_before_the_outputs_ack_only_when_failures_are_dead_le
 def test_a_partition_gets_a_new_lane_once_a_drain_stopped_its_lane() -> None:
     """A drain stops a lane whose records outlived its timeout; that lane reports
     nothing more, so the partition's next records (after it is assigned again) must run
-    on a new one, and the worker's route of the partition must see it as stale."""
-    from agents_stream.runtime.worker import _Route
+    on a new one, and the worker's partition must see it as stale."""
+    from collections import defaultdict
+
+    from agents_stream.runtime.partition import Partition
 
     host = AgentHost.__new__(AgentHost)
     host._on_error = "dlq"  # type: ignore[assignment]
@@ -44,11 +46,13 @@ def test_a_partition_gets_a_new_lane_once_a_drain_stopped_its_lane() -> None:
     async def main() -> None:
         first = host.lane(3)
         assert host.lane(3) is first and host.lane(4) is not first
-        route = _Route(None, [], host, first, None)  # type: ignore[arg-type]
-        assert not route.stale
+        part = Partition(
+            "in", 3, host=host, watermarks=None, first_expected=-1, arm_at=None,
+            seek=lambda p, o: None, stats=defaultdict(int),
+        )  # fmt: skip
+        assert part.lane is first
         await first.stop()
-        assert route.stale
-        second = host.lane(3)
-        assert second is not first and not second.stopped
+        second = part.lane
+        assert second is not first and not second.stopped and host.lane(3) is second
 
     asyncio.run(main())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -37,7 +38,6 @@ from agents_stream.durable.store import completed_future
 from agents_stream.host.progress import CompletedThrough
 from agents_stream.kafka.transactions import TransactionFailed
 from agents_stream.runtime.commit import AtLeastOnceCommit, TransactionalCommit
-from agents_stream.runtime.offsets import OffsetTracker
 from agents_stream.runtime.worker import Worker
 from agents_stream.runtime.worker_commits import Snapshot
 
@@ -119,8 +119,8 @@ def make_worker(tmp_path: Any, exactly_once: bool) -> tuple[Worker, Group, Store
     app.agent(Echo, input=TOPIC)
     worker = Worker(app, broker="127.0.0.1:1", data_dir=tmp_path)
     group = Group()
-    worker.offsets = OffsetTracker()
-    worker._agents = {TOPIC: object()}  # type: ignore[dict-item]
+    worker._agents = {TOPIC: SimpleNamespace(kept=None)}  # type: ignore[dict-item]
+    worker._watermarks = {}
     worker.ownership = Ownership()
     store = Store(worker.ownership)
     worker.store = store  # type: ignore[assignment]
@@ -173,17 +173,15 @@ def test_commit_against_revoke_and_loss(tmp_path, exactly_once, steps):
 
     def assign(p: int) -> None:
         hold[p] = ownership.acquire(TOPIC, p)
-        worker._owned.add((TOPIC, p))
+        part = worker.partitions[(TOPIC, p)] = worker.held(TOPIC, p, -1, None)
         # A new owner starts from the group's committed offset.
         start = group.committed.get(p, 0)
         finished[p] = start
-        tracker = worker.offsets.get(TOPIC, p)
-        tracker.committed = start - 1
+        part.offsets.committed = start - 1
 
     def release(p: int) -> None:
         ownership.release(TOPIC, p)
-        worker._owned.discard((TOPIC, p))
-        worker.offsets.drop(TOPIC, p)
+        worker.partitions.pop((TOPIC, p), None)
         hold.pop(p, None)
 
     def commit(snapshot: Snapshot) -> None:
@@ -211,7 +209,7 @@ def test_commit_against_revoke_and_loss(tmp_path, exactly_once, steps):
         assign(p)
     for op, p, n in steps:
         if op == "finish" and p in hold:
-            tracker = worker.offsets.get(TOPIC, p)
+            tracker = worker.partitions[(TOPIC, p)].offsets
             for _ in range(n):
                 offset = finished[p]
                 tracker.start(offset)

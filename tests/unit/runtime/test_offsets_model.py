@@ -6,13 +6,12 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents_stream.runtime.offsets import OffsetTracker
+from agents_stream.runtime.offsets import PartitionOffsets
 
 
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=60))
 def test_committable_is_lowest_unfinished_offset(ops):
-    tracker = OffsetTracker()
-    offsets = tracker.get("t", 0)
+    offsets = PartitionOffsets()
     started: set[int] = set()
     open_: set[int] = set()
     for is_start, offset in ops:
@@ -23,12 +22,10 @@ def test_committable_is_lowest_unfinished_offset(ops):
         elif not is_start and offset in open_:
             offsets.finish(offset)
             open_.discard(offset)
-        assert tracker.get("t", 0) is offsets
         expected = min(open_) if open_ else (max(started) + 1 if started else None)
         assert offsets.committable() == expected
         assert offsets.in_flight == len(open_)
         if expected is not None and expected % 3 == 0:
             offsets.committed = expected
             assert offsets.committable() is None
-            assert tracker.committable() == {}
             offsets.committed = -1

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,7 +21,8 @@ from agents_stream import Agent, App, InputEvent, RunnerContext, action
 from agents_stream.durable.store import completed_future
 from agents_stream.host.progress import CompletedThrough
 from agents_stream.runtime.commit import AtLeastOnceCommit
-from agents_stream.runtime.offsets import OffsetTracker
+from agents_stream.runtime.offsets import PartitionOffsets
+from agents_stream.runtime.partition import Partition
 from agents_stream.runtime.worker import Worker
 
 TP = ("in", 0)
@@ -73,43 +73,16 @@ class FakeStore:
             self.prune(key, seq, partition, topic)
 
 
-class LoopOnly(defaultdict):
-    """Finished-record bookkeeping that must only be touched on the loop's thread."""
+class LoopOnlyOffsets(PartitionOffsets):
+    """Offsets that must only be read on the loop's thread."""
 
-    def __init__(self, owner: threading.Thread) -> None:
-        super().__init__(list)
-        self.owner = owner
-        self.foreign: list[str] = []
-
-    def _check(self, what: str) -> None:
-        if threading.current_thread() is not self.owner:
-            self.foreign.append(f"{what} on {threading.current_thread().name}")
-
-    def get(self, *args):
-        self._check("get")
-        return super().get(*args)
-
-    def __getitem__(self, key):
-        self._check("getitem")
-        return super().__getitem__(key)
-
-    def __setitem__(self, key, value) -> None:
-        self._check("setitem")
-        super().__setitem__(key, value)
-
-    def pop(self, *args):
-        self._check("pop")
-        return super().pop(*args)
-
-
-class ThreadCheckedOffsets(OffsetTracker):
-    def __init__(self, owner: threading.Thread, fail: BaseException | None = None) -> None:
+    def __init__(self, owner: threading.Thread, fail: BaseException | None) -> None:
         super().__init__()
         self.owner = owner
         self.fail = fail
         self.foreign: list[str] = []
 
-    def committable(self) -> dict[tuple[str, int], int]:
+    def committable(self) -> int | None:
         if threading.current_thread() is not self.owner:
             self.foreign.append(threading.current_thread().name)
         if self.fail is not None:
@@ -117,18 +90,46 @@ class ThreadCheckedOffsets(OffsetTracker):
         return super().committable()
 
 
+class LoopOnlyPartition(Partition):
+    """A partition whose finished records must only be touched on the loop's thread."""
+
+    foreign: list[str]
+
+    def _check(self, what: str) -> None:
+        if threading.current_thread() is not self.owner:
+            self.foreign.append(f"{what} on {threading.current_thread().name}")
+
+    def finish(self, offset: int, key: str, ok: bool) -> None:
+        self._check("finish")
+        super().finish(offset, key, ok)
+
+    def committed(self, position: int) -> list[tuple[int, str]]:
+        self._check("committed")
+        return super().committed(position)
+
+
+def hold(worker: Worker, offsets_fail: BaseException | None = None) -> LoopOnlyPartition:
+    """What the assignment does: TP held, its bookkeeping loop-only."""
+    part = LoopOnlyPartition(
+        *TP, host=None, watermarks=None, first_expected=-1, arm_at=None,
+        seek=lambda p, o: None, stats=worker.stats,
+    )  # fmt: skip
+    part.owner = threading.current_thread()
+    part.foreign = []
+    part.offsets = LoopOnlyOffsets(part.owner, offsets_fail)
+    worker.partitions[TP] = part
+    worker.ownership.acquire(*TP)
+    return part
+
+
 def make_worker(tmp_path, consumer: FakeConsumer, offsets_fail: BaseException | None = None):
     app = App("unit-commits", commit_interval=0.01)
     app.agent(Echo, input="in")
     worker = Worker(app, broker="127.0.0.1:1", data_dir=tmp_path)
-    loop_thread = threading.current_thread()
     worker.consumer = consumer  # type: ignore[assignment]
-    worker.offsets = ThreadCheckedOffsets(loop_thread, offsets_fail)
-    worker._finished = LoopOnly(loop_thread)
     worker.store = FakeStore()  # type: ignore[assignment]
     worker._agents = {"in": object()}  # type: ignore[dict-item]
-    worker._owned.add(TP)
-    worker.ownership.acquire(*TP)
+    hold(worker, offsets_fail)
     worker.progress = CompletedThrough(worker.store, "w", rerun_completed=False)  # type: ignore[arg-type]
     worker.committer = AtLeastOnceCommit(consumer, worker.progress, 1.0)  # type: ignore[arg-type]
     return worker
@@ -136,10 +137,9 @@ def make_worker(tmp_path, consumer: FakeConsumer, offsets_fail: BaseException | 
 
 def finish(worker: Worker, offset: int, key: str) -> None:
     """What the worker does on the loop when a record finished."""
-    tracker = worker.offsets.get(*TP)
-    tracker.start(offset)
-    tracker.finish(offset)
-    worker._finished[TP].append((offset, key))
+    part = worker.partitions[TP]
+    part.offsets.start(offset)
+    part.finish(offset, key, True)
 
 
 async def bind(worker: Worker) -> None:
@@ -175,9 +175,10 @@ def test_records_finishing_during_a_commit_survive_its_prune(tmp_path):
         ("in", 0, 3),
         ("in", 0, 6),
     ]
-    assert worker._finished[TP] == []
-    assert worker._finished.foreign == [], "finished records touched off the loop"
-    assert worker.offsets.foreign == [], "offsets read off the loop"
+    part = worker.partitions[TP]
+    assert part.finished == []
+    assert part.foreign == [], "finished records touched off the loop"
+    assert part.offsets.foreign == [], "offsets read off the loop"
     assert worker.exit_code == 0
 
 
@@ -309,6 +310,7 @@ def test_a_revoked_partition_fires_no_timer_after_the_revoke(tmp_path):
 
     from agents_stream.durable.journal import TimerEntry
     from agents_stream.runtime.controller import ExecutionController
+    from agents_stream.runtime.timers import Firings
 
     worker = make_worker(tmp_path, FakeConsumer())
     worker.store = None
@@ -316,20 +318,22 @@ def test_a_revoked_partition_fires_no_timer_after_the_revoke(tmp_path):
     worker._agents = {"in": host}  # type: ignore[dict-item]
     worker._watermarks = {}
     worker._async_ios = {}
-    worker.event_time = {}
     worker.timers.load("echo", 0, [TimerEntry("k", "event", 5, "echo", 0)], armed=True)
 
     async def main():
         await bind(worker)
         worker.controller = ExecutionController(10)
-        worker.offsets.get(*TP).start(0)
+        worker.firings = Firings(
+            worker.timers, worker._agents, worker.controller, worker.partitions, worker.stats
+        )
+        worker.partitions[TP].offsets.start(0)
 
         async def record() -> None:
             await asyncio.sleep(0.05)
 
         worker.controller.submit("r", TP, record, lambda ok: None)
         # Due once the record finishes, i.e. while the revoke drains partition 0.
-        worker.controller.watermark(10, lambda wm: worker._watermark_done("in", wm))
+        worker.controller.watermark(10, lambda wm: worker.firings.watermark_done("in", wm))
         await worker._on_kafka(worker.rebalance.on_revoke, worker.consumer, [TopicPartition(*TP)])
         await asyncio.sleep(0.05)
         await worker.controller.join()
@@ -337,4 +341,4 @@ def test_a_revoked_partition_fires_no_timer_after_the_revoke(tmp_path):
 
     asyncio.run(main())
     assert host.fired == [], "a revoked partition's timer fired (the next owner fires it)"
-    assert TP not in worker._owned and worker.timers.pending() == 0
+    assert TP not in worker.partitions and worker.timers.pending() == 0

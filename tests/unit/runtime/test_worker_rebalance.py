@@ -11,6 +11,7 @@ from confluent_kafka import TopicPartition
 from agents_stream.host.progress import CompletedThrough
 from agents_stream.runtime.commit import AtLeastOnceCommit
 from agents_stream.runtime.controller import ExecutionController
+from agents_stream.runtime.timers import Firings
 from agents_stream.state.recovery import RebuildCancelled
 from tests.unit.runtime.test_worker_commits import (
     TP,
@@ -54,6 +55,9 @@ def drive(worker, callback, partitions) -> None:
     async def main():
         await bind(worker)
         worker.controller = ExecutionController(10)
+        worker.firings = Firings(
+            worker.timers, worker._agents, worker.controller, worker.partitions, worker.stats
+        )
         finish(worker, 0, "k0")
         finish(worker, 1, "k1")
         await worker._on_kafka(callback, worker.consumer, partitions)
@@ -68,7 +72,7 @@ def test_lost_partition_is_dropped_without_commit_or_marker(tmp_path):
     drive(worker, worker.rebalance.on_lost, [TopicPartition(*TP)])
     assert worker.consumer.commits == []  # type: ignore[attr-defined]
     assert store.markers == [] and store.pruned == []
-    assert TP not in worker._owned and store.revoked == [0]
+    assert TP not in worker.partitions and store.revoked == [0]
 
 
 def test_revoked_partition_is_committed_and_marked_first(tmp_path):
@@ -77,20 +81,20 @@ def test_revoked_partition_is_committed_and_marked_first(tmp_path):
     drive(worker, worker.rebalance.on_revoke, [TopicPartition(*TP)])
     assert worker.consumer.commits == [{TP: 2}]  # type: ignore[attr-defined]
     assert [m.offset for m in store.markers] == [2]
-    assert TP not in worker._owned and store.revoked == [0]
+    assert TP not in worker.partitions and store.revoked == [0]
 
 
 def test_empty_incremental_assignment_changes_nothing(tmp_path):
     worker = rebalance_worker(tmp_path, Store(assign_error=AssertionError("no rebuild")))
     worker.rebalance.on_assign(worker.consumer, [])  # type: ignore[arg-type]
-    assert worker._owned == {TP} and worker.rebuilding == 0
+    assert set(worker.partitions) == {TP} and worker.rebuilding == 0
 
 
 def test_assignment_whose_rebuild_is_cancelled_takes_no_partition(tmp_path):
     store = Store(assign_error=RebuildCancelled("cancelled after 10 records"))
     worker = rebalance_worker(tmp_path, store)
-    worker._owned.clear()
+    worker.partitions.clear()
     worker._state_refs.clear()
     worker.rebalance.on_assign(worker.consumer, [TopicPartition("in", 1)])  # type: ignore[arg-type]
-    assert worker._owned == set() and worker.rebuilding == 0
+    assert worker.partitions == {} and worker.rebuilding == 0
     assert worker._state_refs.get(1, 0) == 0  # no cache held for it
