@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-import uuid
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -27,11 +25,12 @@ from ..durable.journal import (
     Truncation,
     action_ordinal,
 )
-from ..durable.keys import decode_identity
 from ..durable.values import MAGIC, VERSION
-from ..errors import AgentsStreamError, ConfigurationError, KafkaIOError
+from ..errors import AgentsStreamError, ConfigurationError
 from ..serde.journal import JournalCodec, default_journal_codec
 from .common import add_app_args, configure_clients, load_app, setup_logging
+from .state_read import add_read_args, identity, read_latest
+from .state_tombstone import register_tombstone
 
 _SHORT = 60
 
@@ -42,26 +41,18 @@ def register(subparsers: Any) -> None:
     show = sub.add_parser("show", help="print the ActionStates of one key")
     add_app_args(show)
     show.add_argument("--key", required=True, help="record key (as str) to show")
-    _add_read_args(show)
+    add_read_args(show)
     show.set_defaults(func=run_show)
     stats = sub.add_parser("stats", help="count calls per action and status")
     add_app_args(stats)
-    _add_read_args(stats)
+    add_read_args(stats)
     stats.set_defaults(func=run_stats)
-    from .state_tombstone import register_tombstone
-
     register_tombstone(sub)
-
-
-def _add_read_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds to reach the end of the topic"
-    )
 
 
 def run_show(args: argparse.Namespace) -> int:
     def wanted(raw_key: bytes) -> bool:
-        parts = _identity(raw_key)
+        parts = identity(raw_key)
         return len(parts) >= 2 and parts[1] == args.key
 
     result = _read(args, wanted)
@@ -115,80 +106,6 @@ def decode_all(codec: JournalCodec, values: dict[bytes, bytes]) -> list[JournalE
         except JournalDecodeError as exc:
             print(f"warning: {exc}", file=sys.stderr)
     return entries
-
-
-def read_latest(
-    bootstrap: str,
-    topic: str,
-    *,
-    timeout: float = 30.0,
-    wanted: Any = None,
-    where: dict[bytes, int] | None = None,
-) -> dict[bytes, bytes]:
-    """The live value of every key of ``topic`` (tombstoned keys removed); ``where``, if
-    given, is filled with the partition each live key was read from.
-
-    Steps: assign every partition at the beginning; poll; a partition is done when the
-    consumer reports EOF at the fetch high watermark; stop when all are done.
-
-    Raises:
-        KafkaIOError: the topic does not exist, a fetch fails, or the end is not
-            reached within ``timeout`` seconds.
-    """
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    from ..kafka.admin import TopicAdmin
-    from ..kafka.config import reader_config
-
-    # Reaches the cluster first: a refused login or certificate ends in one line naming
-    # the setting, at once (the consumer below would wait out the timeout, then raise).
-    TopicAdmin(bootstrap, timeout).partition_counts([topic])
-    consumer = Consumer(
-        reader_config(
-            bootstrap, {"group.id": f"agents-stream-state-cli-{uuid.uuid4().hex}", "log_level": 0}
-        )
-    )
-    try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            reason = meta.error if meta is not None and meta.error else "no partitions"
-            raise KafkaIOError(f"cannot read topic {topic!r}: {reason}")
-        partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
-        consumer.assign(partitions)
-        pending = {tp.partition for tp in partitions}
-        live: dict[bytes, bytes] = {}
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise KafkaIOError(
-                    f"end of {topic!r} not reached in {timeout}s (partitions {sorted(pending)})"
-                )
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    raise KafkaIOError(f"reading {topic!r}: {err}", code=err.code())
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, msg.partition()), cached=True
-                )
-                if msg.offset() >= high:
-                    pending.discard(msg.partition())
-                continue
-            key = msg.key() or b""
-            if wanted is not None and not wanted(key):
-                continue
-            value = msg.value()
-            if value is None:
-                live.pop(key, None)
-            else:
-                live[key] = value
-                if where is not None:
-                    where[key] = msg.partition()
-        return live
-    finally:
-        consumer.close()
 
 
 def format_key(entries: list[JournalEntry]) -> list[str]:
@@ -299,10 +216,3 @@ def _short(data: bytes | None) -> str:
     except UnicodeDecodeError:
         text = "0x" + data.hex()
     return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
-
-
-def _identity(raw_key: bytes) -> list[str]:
-    try:
-        return decode_identity(raw_key)
-    except UnicodeDecodeError:
-        return []

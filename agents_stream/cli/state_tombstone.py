@@ -23,7 +23,7 @@ from ..durable.keys import SEP, identity_fields
 from ..errors import AgentsStreamError, ConfigurationError
 from ..serde.journal import JournalCodec, default_journal_codec
 from .common import add_app_args, configure_clients, load_app, setup_logging
-from .state import _add_read_args, _identity, read_latest
+from .state_read import add_read_args, identity, read_latest
 
 
 def register_tombstone(sub: Any) -> None:
@@ -40,13 +40,13 @@ def register_tombstone(sub: Any) -> None:
     )
     parser.add_argument("--topic", help="input topic (default: any; legacy keys have none)")
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    _add_read_args(parser)
+    add_read_args(parser)
     parser.set_defaults(func=run_tombstone)
 
 
 def matches(raw_key: bytes, args: argparse.Namespace) -> bool:
     """Whether ``raw_key`` is a per-record entry of the slot selected by ``args``."""
-    fields = identity_fields(_identity(raw_key))
+    fields = identity_fields(identity(raw_key))
     if fields.get("kind") is None or fields.get("key") != args.key:
         return False
     if fields.get("seq") != str(args.seq) or fields.get("action") != args.action:

@@ -574,8 +574,15 @@ async def run_records(
     released: Callable[[list[int]], None] | None = None,
     finished: ReportFinished | None = None,
 ) -> None:
-    """Run ``records`` on a lane of their own and return once each is reported (see
-    :meth:`ActionRunner.run_batch`); cancelled, the lane is stopped."""
+    """Run ``records`` (of one partition, distinct keys) concurrently on a lane of their
+    own and return once each is reported: ``report(index, outcome or exception)`` as soon
+    as it is finished (actions done, journal and outputs acked). Same effects as
+    :meth:`ActionRunner.run` per record; the journal appends and ack waits of records
+    that finish together are shared. ``released(indices)``, if given, is called before
+    their reports once the next record of each record's key may start (its ActionDone
+    acked, its outputs sent); ``finished(pairs)``, if given, reports the records of one
+    group that finished in one call instead of ``report`` per record (failures always go
+    to ``report``). Cancelled, the lane is stopped."""
     lane: RecordLane[_ByIndex] = RecordLane(
         runner, _IndexReports(report, released, finished), release_early=released is not None
     )

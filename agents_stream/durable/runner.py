@@ -172,27 +172,6 @@ class ActionRunner:
         )
         return outcome
 
-    async def run_batch(
-        self,
-        records: Sequence[RecordInput],
-        report: Callable[[int, RecordOutcome | Exception | asyncio.CancelledError], None],
-        released: Callable[[list[int]], None] | None = None,
-        finished: Callable[[list[tuple[int, RecordOutcome]]], None] | None = None,
-    ) -> None:
-        """Run ``records`` (of one partition, distinct keys) concurrently, reporting each
-        one's outcome (or the exception its actions raised) by index as soon as it is
-        finished: actions done, journal and outputs acked. Same effects as :meth:`run`
-        per record; the journal appends and ack waits of records that finish together
-        are shared (see ``durable/lane.py``). ``released(indices)``, if given, is called
-        before their reports once the next record of each record's key may start (its
-        ActionDone acked, its outputs sent, nothing left that a later record of the key
-        could reorder or change). ``finished(pairs)``, if given, reports the records of
-        one group commit that finished (index, outcome) in one call instead of
-        ``report`` per record; failures always go to ``report``."""
-        from .lane import run_records  # the lane imports this module
-
-        await run_records(self, records, report, released, finished)
-
     async def continue_record(
         self, record: RecordInput, events: list[Event], outcome: RecordOutcome
     ) -> RecordOutcome:

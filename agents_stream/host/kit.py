@@ -30,9 +30,8 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..app import AgentBinding, App
 from ..durable.context import ContextConfig
 from ..durable.journal import InputProgress
 from ..durable.ownership import Ownership
@@ -49,6 +48,9 @@ from ..state.kafka import KafkaActionStateStore
 from .dlq import DeadLetters
 from .output_log import OutputLog
 from .sink import KafkaOutputSink
+
+if TYPE_CHECKING:  # the App builds hosts (App.test_context); a host only reads it
+    from ..app import AgentBinding, App
 
 log = logging.getLogger("agents_stream.host")
 

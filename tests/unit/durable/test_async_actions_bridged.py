@@ -19,6 +19,7 @@ import pytest
 from agents_stream import Agent, InputEvent, OutputEvent, RunnerContext, action
 from agents_stream.durable.bridge import run_coroutine_bridged
 from agents_stream.durable.context import ContextConfig
+from agents_stream.durable.lane import run_records
 from agents_stream.durable.payload import JSON
 from agents_stream.durable.pool import CodeBlockPool
 from agents_stream.durable.runner import ActionRunner, RecordInput
@@ -104,7 +105,7 @@ def test_batch_path_steps_async_actions_too() -> None:
 
     async def main() -> None:
         records = [RecordInput(f"k{n}", n, n) for n in range(RECORDS)]
-        await runner.run_batch(records, lambda i, outcome: outcomes.__setitem__(i, outcome))
+        await run_records(runner, records, lambda i, outcome: outcomes.__setitem__(i, outcome))
 
     try:
         asyncio.run(main())
@@ -148,7 +149,7 @@ def test_a_helper_calling_execute_blocks_once_then_the_action_runs_in_a_carrier(
         assert spec.in_carrier
         records = [RecordInput(f"k{n}", n, n) for n in range(RECORDS)]
         if batch:
-            await runner.run_batch(records, lambda i, outcome: outcomes.__setitem__(i, outcome))
+            await run_records(runner, records, lambda i, outcome: outcomes.__setitem__(i, outcome))
         else:
             done = await asyncio.gather(*(runner.run(r) for r in records))
             outcomes.update(enumerate(done))

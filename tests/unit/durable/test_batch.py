@@ -25,6 +25,7 @@ from agents_stream.durable import bridge
 from agents_stream.durable.ackfuture import resolved
 from agents_stream.durable.context import ContextConfig
 from agents_stream.durable.journal import ActionDone, CallEntry
+from agents_stream.durable.lane import run_records
 from agents_stream.durable.payload import JSON
 from agents_stream.durable.runner import ActionRunner, RecordInput, RecordOutcome
 from agents_stream.durable.sink import Sink as BaseSink
@@ -200,7 +201,7 @@ def test_a_batch_has_the_effects_of_running_its_records_one_by_one(
             assert index not in reported, "a record was reported twice"
             reported[index] = outcome_view(result)
 
-        await runner_for(batch_store, batch_sink, agent).run_batch(records, report)
+        await run_records(runner_for(batch_store, batch_sink, agent), records, report)
         return [reported[i] for i in range(len(records))]
 
     assert asyncio.run(batched()) == asyncio.run(one_by_one())
@@ -226,7 +227,7 @@ def test_records_are_reported_as_they_finish_and_share_one_append() -> None:
     order: list[int] = []
 
     async def main() -> None:
-        await runner_for(store, Sink()).run_batch(records, lambda i, r: order.append(i))
+        await run_records(runner_for(store, Sink()), records, lambda i, r: order.append(i))
 
     asyncio.run(main())
     assert appends[0] == 3  # the three ActionDones of the first round, in one append
@@ -255,7 +256,7 @@ def test_a_cancelled_batch_unwinds_its_waiting_actions_and_reports_nothing() -> 
         runner = ActionRunner(Waits, InMemoryActionStateStore(), config, Sink(), topic="in")
         records = [RecordInput(f"k{i}", i, None) for i in range(3)]
         reported: list[int] = []
-        task = asyncio.ensure_future(runner.run_batch(records, lambda i, r: reported.append(i)))
+        task = asyncio.ensure_future(run_records(runner, records, lambda i, r: reported.append(i)))
         await asyncio.sleep(0.05)
         task.cancel()
         try:
@@ -289,7 +290,7 @@ def test_finished_actions_leave_nothing_behind_in_idle_carriers() -> None:
         config = ContextConfig("app", "w", JSON, executor=POOL)
         runner = ActionRunner(Remembers, InMemoryActionStateStore(), config, Sink(), topic="in")
         records = [RecordInput(f"k{i}", i, i) for i in range(40)]
-        await runner.run_batch(records, lambda i, r: None)
+        await run_records(runner, records, lambda i, r: None)
 
     try:
         asyncio.run(main())
@@ -321,7 +322,7 @@ def test_a_finished_record_is_freed_by_reference_counting() -> None:
         config = ContextConfig("app", "w", JSON, executor=POOL)
         runner = ActionRunner(Plain, InMemoryActionStateStore(), config, Sink(), topic="in")
         records = [RecordInput(f"k{i}", i, i) for i in range(40)]
-        await runner.run_batch(records, lambda i, r: None)
+        await run_records(runner, records, lambda i, r: None)
         assert [ref for ref in Plain.contexts if ref() is not None] == []
 
     gc.collect()
@@ -358,7 +359,7 @@ def test_a_key_is_released_once_its_outputs_are_sent_and_reported_once_they_are_
             events.append(("reported", index, len(sink.sent)))
 
         runner = runner_for(InMemoryActionStateStore(), sink)
-        task = asyncio.ensure_future(runner.run_batch(records, report, released))
+        task = asyncio.ensure_future(run_records(runner, records, report, released))
         for _ in range(20):
             await asyncio.sleep(0)
         assert sorted(events) == [("released", 0, 2), ("released", 1, 2)]
@@ -381,7 +382,7 @@ def reported(runner: ActionRunner, records: list[RecordInput]) -> dict[int, str]
     def finished(pairs: list[tuple[int, RecordOutcome]]) -> None:
         reports.update((index, "finished") for index, _ in pairs)
 
-    asyncio.run(runner.run_batch(records, report, None, finished))
+    asyncio.run(run_records(runner, records, report, None, finished))
     return reports
 
 

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from agents_stream import Agent, InputEvent, OutputEvent, RunnerContext, action
 from agents_stream.durable.context import ContextConfig
 from agents_stream.durable.journal import ActionDone
+from agents_stream.durable.lane import run_records
 from agents_stream.durable.payload import JSON
 from agents_stream.durable.runner import ActionRunner, RecordInput, RecordOutcome
 from agents_stream.host.sink import KafkaOutputSink
@@ -122,7 +123,7 @@ async def _round(runner: ActionRunner, records: list[RecordInput], batch: bool) 
         if isinstance(outcome, Exception):
             failed.append(index)
 
-    await runner.run_batch(records, report)
+    await run_records(runner, records, report)
     return sorted(failed)
 
 
