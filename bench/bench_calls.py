@@ -12,6 +12,10 @@ its code-block threads (the user's functions, and the journaling of their outcom
 runs there); not librdkafka's own. Quix Streams runs everything on its main thread, all
 of it counted.
 
+Beside it, the own functions a record crosses: functions of the system's own package
+called at least 0.9 times per record on its loop thread (Quix: its main thread), and the
+files they are in; the shape of the record path, also independent of the machine.
+
 Budgets of issue 41: no journaled call <= 120 calls per record (Quix with state: ~138),
 each journaled call <= 100 more. ``--breakdown K`` prints, per system, the K functions
 with the most calls per record (differenced the same way), then the K functions whose own
@@ -177,6 +181,14 @@ def child(system: str, records: int) -> None:
             profiles = drain_quix(broker.bootstrap, records, stateful=calls == "1")
     functions: dict[str, int] = {}  # calls of each function
     callers: dict[str, int] = {}  # calls made from each function's own body
+    # The loop thread's (Quix: the main thread's) calls of each function of the system's
+    # own package: the own-functions figure.
+    own = "agents_stream/" if kind == "as" else "quixstreams/"
+    loop_own = {
+        _named(where): ncalls
+        for where, (_, ncalls, *_rest) in pstats.Stats(profiles[0]).stats.items()  # type: ignore[attr-defined]
+        if own in where[0]
+    }
     for profile in profiles:
         stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
         for where, (_, ncalls, _tt, _ct, called_from) in stats.items():
@@ -186,7 +198,7 @@ def child(system: str, records: int) -> None:
                 caller_name = _named(caller)
                 callers[caller_name] = callers.get(caller_name, 0) + made
     print(json.dumps({"calls": sum(functions.values()), "functions": functions,
-                      "callers": callers}), flush=True)  # fmt: skip
+                      "callers": callers, "own": loop_own}), flush=True)  # fmt: skip
 
 
 def _named(where: tuple[str, int, str]) -> str:
@@ -228,11 +240,12 @@ def main() -> int:
         try:
             small_run, large_run = count(system, records), count(system, 2 * records)
         except RuntimeError as exc:
-            rows.append([system, "-", "-", "-", str(exc).splitlines()[0][:60]])
+            rows.append([system, "-", "-", "-", "-", str(exc).splitlines()[0][:60]])
             continue
         small, large = small_run["calls"], large_run["calls"]
         per[system] = (large - small) / records
-        rows.append([system, small, large, f"{per[system]:.0f}", ""])
+        functions, files = own_functions(small_run["own"], large_run["own"], records)
+        rows.append([system, small, large, f"{per[system]:.0f}", f"{functions} in {files}", ""])
         if args.breakdown:
             rows_of: list[list[object]] = []
             for part in ("functions", "callers"):
@@ -244,7 +257,10 @@ def main() -> int:
     print(f"Python calls per record: (calls over {2 * records:,} - calls over {records:,}) / "
           f"{records:,}; loop, Kafka and code-block threads for agents_stream, the main thread for Quix")  # fmt: skip
     print(table(["system", f"calls, {records:,}", f"calls, {2 * records:,}", "per record",
-                 "note"], rows))  # fmt: skip
+                 "own functions in files", "note"], rows))  # fmt: skip
+    print(f"own functions: of the system's package, called >= {OWN_PER_RECORD} times per record "
+          "on the loop thread (Quix: its main thread), differenced the same way; and the files "
+          "they are in")  # fmt: skip
     base = per.get("agents_stream, sync, 0 calls")
     one = per.get("agents_stream, sync, 1 ctx.execute")
     quix = per.get("Quix Streams, one RocksDB state write per record")
@@ -258,6 +274,16 @@ def main() -> int:
               " whose own lines make the most calls")  # fmt: skip
         print(table(["per record", "as", "function"], top))
     return 0
+
+
+OWN_PER_RECORD = 0.9
+
+
+def own_functions(small: dict[str, int], large: dict[str, int], records: int) -> tuple[int, int]:
+    """How many of the system's own functions a record crosses (called at least
+    ``OWN_PER_RECORD`` times per record, N vs 2N), and in how many files."""
+    crossed = [f for f, n in large.items() if (n - small.get(f, 0)) / records >= OWN_PER_RECORD]
+    return len(crossed), len({f.rsplit(":", 1)[0] for f in crossed})
 
 
 def argparse_hidden() -> str:

@@ -4,7 +4,10 @@ Every system drains the same backlog (``--records`` JSON records, 1,000 keys, 4
 partitions, produced before it starts) from its own copy of the input topic into its own
 output topic, on one broker (``--broker embedded``, the default, or ``kafka``: Apache
 Kafka from ``make kafka``), in one run. The rate is outputs per second of the reader's
-arrival times from 10 % of the outputs to 90 % (not output timestamps: Quix Streams copies
+arrival times from 10 % of the outputs to 90 % (``10-90 %``), and from the first output to
+the last (``first-last``: a loop that serves its delivery reports late releases outputs
+in bursts, which the 10-90 % window can flatter). A drain shorter than 2 s is flagged
+(it measures start-up). Not output timestamps: Quix Streams copies
 input timestamps to outputs, and exactly-once outputs arrive when their transaction
 commits, not when produced), so group joins, start-up and the tail do not count; ``ratio`` is
 against the raw confluent-kafka consume->produce loop of the same run, and for journaled
@@ -62,6 +65,10 @@ SYSTEMS = ROOT / "bench" / "e2e" / "systems.py"
 PARTITIONS = 4
 KEYS = 1000
 MIN_CPU_WINDOW_S = 0.5  # shorter steady states get no CPU figures (10 ms ticks)
+# A drain (first to last output) shorter than this measures start-up and the first
+# fetches more than throughput: its row is flagged, and the run says to use more records.
+MIN_DRAIN_S = 2.0
+QUIX_STATE = "Quix Streams, one RocksDB state write per record"
 
 
 @dataclass
@@ -354,7 +361,7 @@ def collect(
     timeout: float,
     workers: bool = False,
     broker_pid: int | None = None,
-) -> tuple[int, float, str, Window | None]:
+) -> tuple[int, tuple[float, float, float], str, Window | None]:
     """Count outputs until ``expected`` arrived (or no progress / a process died), and
     sample from 10 % of the outputs to 90 % the CPU the system's processes, the broker
     and this reader used; with ``workers`` (agents_stream: ``procs`` are workers or a
@@ -427,8 +434,18 @@ def collect(
         consumer.close()
     window = Window(first, last, len(loops)) if first and last and last.at > first.at else None
     if len(stamps) < 2:
-        return len(stamps), 0.0, error or "no output", window
-    return len(stamps), arrival_rate(arrivals, len(stamps)), error, window
+        return len(stamps), (0.0, 0.0, 0.0), error or "no output", window
+    return len(stamps), arrival_rates(arrivals, len(stamps)), error, window
+
+
+def arrival_rates(arrivals: list[tuple[float, int]], total: int) -> tuple[float, float, float]:
+    """(10-90 % rate, first-to-last rate, drain seconds from the first batch of outputs to
+    the last). First to last counts the outputs after the first batch over the time
+    since it arrived."""
+    (t0, n0), (t1, n1) = arrivals[0], arrivals[-1]
+    drain = t1 - t0
+    whole = (n1 - n0) / drain if drain > 0 else 0.0
+    return arrival_rate(arrivals, total), whole, drain
 
 
 def arrival_rate(arrivals: list[tuple[float, int]], total: int) -> float:
@@ -478,6 +495,7 @@ def main() -> int:
         and (args.broker == "kafka" or not v.kafka_only)
     ]
     rows: list[tuple[str, float, str]] = []
+    whole: dict[str, tuple[float, float]] = {}  # name -> (first-to-last rate, drain s)
     windows: dict[str, Window] = {}
     if args.broker == "kafka":
         from agents_stream.testing.kafka import KafkaBroker
@@ -498,8 +516,8 @@ def main() -> int:
                 error = wait_assigned(ports, procs, 90) if ports else ""
                 if ports and not error:
                     fill(broker.bootstrap, topic_in, records)
-                _count, rate, collect_error, window = (
-                    (0, 0.0, "", None)
+                _count, (rate, first_last, drain), collect_error, window = (
+                    (0, (0.0, 0.0, 0.0), "", None)
                     if error
                     else collect(
                         broker.bootstrap,
@@ -513,6 +531,7 @@ def main() -> int:
                 )
                 if window is not None:
                     windows[variant.name] = window
+                whole[variant.name] = (first_last, drain)
                 error = error or collect_error
             finally:
                 stop(procs)
@@ -529,11 +548,18 @@ def main() -> int:
     journal = rates.get(VARIANTS[1].name) or 0.0
     journaled = {v.name for v in VARIANTS if v.journaled and v.system == "agents"}
     single = rates.get("agents_stream, sync, 1 ctx.execute") or 0.0
+    quix = rates.get(QUIX_STATE) or 0.0
     out = []
+    short = []
     for name, rate, error in rows:
         vs_raw = rate / raw if raw else 0.0
         vs_journal = f"{rate / journal:.3f}" if journal and name in journaled else ""
+        vs_quix = f"{rate / quix:.3f}" if quix else ""
+        first_last, drain = whole.get(name, (0.0, 0.0))
         note = error[:60]
+        if rate and drain < MIN_DRAIN_S:
+            short.append(name)
+            note = f"DRAIN {drain:.2f}s < {MIN_DRAIN_S:.0f}s: start-up, not throughput " + note
         if name.endswith("two processes") and single:
             note = f"{rate / single:.2f}x one process " + note
         window = windows.get(name)
@@ -550,9 +576,16 @@ def main() -> int:
                     f"{window.per_record_us('system'):.0f} + {window.per_record_us('broker'):.0f}"
                     f"   {window.cores:.2f}"
                 )
-        out.append((name, rate, f"{vs_raw:.3f}", vs_journal, cpu, note))
+        out.append(
+            (name, rate, f"{first_last:,.0f}", f"{drain:.1f}", f"{vs_raw:.3f}", vs_journal,
+             vs_quix, cpu, note)
+        )  # fmt: skip
     kind = "Apache Kafka" if args.broker == "kafka" else "embedded"
-    print(f"{records:,} records, {KEYS:,} keys, {PARTITIONS} partitions; one {kind} broker")
+    print(
+        f"{records:,} records, {KEYS:,} keys, {PARTITIONS} partitions; one {kind} broker; "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}, commit {_commit()}; "
+        f"bench/bench_e2e.py --broker {args.broker} --records {records}"
+    )
     eos = [
         (name, rates.get(name) or 0.0, rates.get(name.removesuffix(", exactly-once")) or 0.0)
         for name in rates
@@ -560,10 +593,25 @@ def main() -> int:
     ]
     print(
         table(
-            ["system", "events/s", "vs raw loop", "vs journal", "us/rec + broker  cores", "note"],
+            [
+                "system",
+                "events/s 10-90 %",
+                "first-last",
+                "drain s",
+                "vs raw loop",
+                "vs journal",
+                "vs Quix state",
+                "us/rec + broker  cores",
+                "note",
+            ],
             out,
         )
     )
+    if short:
+        print(
+            f"{len(short)} drains were shorter than {MIN_DRAIN_S:.0f} s: their rates measure "
+            "start-up and the first fetches; run with more --records (60,000+ on Apache Kafka)"
+        )
     for name, rate, base in eos:
         if base:
             print(f"{name}: {rate / base:.2f}x at-least-once in this run")
@@ -576,6 +624,16 @@ def main() -> int:
         )
         print(table(["row", "goal", "loop us/rec now", "at the goal", "x less needed"], budgets))
     return 0 if all(not e for _, _, e in rows) else 1
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 # The throughput goals of issue 13: (row, baseline, ratio).

@@ -2,7 +2,7 @@
 
 Drives the runner directly (no consumer) with many keys at once, as the worker does:
 the records that can start together run as one batch per partition
-(``ActionRunner.run_batch``; ``--per-record``: one ``ActionRunner.run`` each), under the
+(``durable.lane.run_records``; ``--per-record``: one ``ActionRunner.run`` each), under the
 worker's interpreter settings (``runtime/tuning.py``), through the real store path: AckingProducer (the worker's producer config) -> fresh embedded broker
 -> acked records applied to RocksDB -> futures resolved. Every variant pays the same
 per-record ActionDone append; what differs is only how its trivial function is called:
@@ -45,6 +45,7 @@ from agents_stream.durable.journal import (
     JournalEntry,
     Tombstone,
 )
+from agents_stream.durable.lane import run_records
 from agents_stream.durable.payload import JSON
 from agents_stream.durable.pool import CodeBlockPool
 from agents_stream.durable.runner import ActionRunner, RecordInput
@@ -119,7 +120,7 @@ async def drive(
     """Run ``records`` distinct keys through ``runner``, ``concurrency`` in flight; events/s.
 
     As the worker does: the records that can start together run as one batch per
-    partition (``ActionRunner.run_batch``), and each finished record makes room for the
+    partition (``durable.lane.run_records``), and each finished record makes room for the
     next. ``per_record``: one ``ActionRunner.run`` per record instead (the Faust host's
     and timers' path).
     """
@@ -154,7 +155,7 @@ async def drive(
             by_partition.setdefault(i % PARTITIONS, []).append(record(i, seq_base))
         for batch in by_partition.values():
             free -= len(batch)
-            task = asyncio.ensure_future(runner.run_batch(batch, report))
+            task = asyncio.ensure_future(run_records(runner, batch, report))
             batches.add(task)
             task.add_done_callback(batches.discard)
         wake.clear()

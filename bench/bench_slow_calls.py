@@ -69,7 +69,7 @@ def run_workers(records: int, latency_ms: int, timeout: float) -> list[tuple[obj
             create_topic(broker.bootstrap, topic_out, PARTITIONS)
             procs = start(variant, broker.bootstrap, topic_in, topic_out, tmp)
             try:
-                _, rate, error, _busy = collect(
+                _, (rate, _first_last, _drain), error, _busy = collect(
                     broker.bootstrap, topic_out, records, procs, timeout
                 )
             finally:
@@ -124,7 +124,7 @@ def run_faust(latency_ms: int, timeout: float) -> list[tuple[object, ...]]:
             procs = start(Variant("faust host", "faust-durable", env), broker.bootstrap,
                           topic_in, topic_out, tmp)  # fmt: skip
             try:
-                _, rate, error, _busy = collect(
+                _, (rate, _first_last, _drain), error, _busy = collect(
                     broker.bootstrap, topic_out, records, procs, timeout
                 )
             finally:
