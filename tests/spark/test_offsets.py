@@ -134,8 +134,8 @@ def test_unknown_and_unsupported_options_list_the_valid_ones() -> None:
     base = {"kafka.bootstrap.servers": "h:1", "subscribe": "t"}
     with pytest.raises(KafkaSourceOptionError, match=r"maxRecordPerPartition.*valid options"):
         KafkaSourceOptions.from_options({**base, "maxRecordPerPartition": "5"})
-    with pytest.raises(KafkaSourceOptionError, match=r"startingTimestamp.*does not support"):
-        KafkaSourceOptions.from_options({**base, "startingTimestamp": "1"})
+    with pytest.raises(KafkaSourceOptionError, match=r"maxOffsetsPerTrigger.*streaming"):
+        KafkaSourceOptions.from_options({**base, "maxOffsetsPerTrigger": "1"})
     with pytest.raises(KafkaSourceOptionError, match="subscribe"):
         KafkaSourceOptions.from_options({**base, "assign": '{"t":[0]}'})
     for bad in ("[0]", '{"t":[]}', '{"t":["0"]}', "{}", "not json"):

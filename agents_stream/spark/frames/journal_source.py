@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from ..source.datasource import KafkaRangePartition
+from ..source.datasource import KafkaRangePartition, planned_range
 from ..source.errors import KafkaSourceOptionError
 from ..source.offsets import plan_offset_ranges
 from ..source.options import KafkaSourceOptions
@@ -127,18 +127,20 @@ class JournalRangeReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         return [KafkaRangePartition(r) for r in plan_offset_ranges(self.options)]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
         # Executor-side imports: the codec and the consumer are only needed where
         # records are read.
         from ..source.record_reader import read_messages
         from .journal_rows import check_batches, journal_batches_of, live_records, reader_codec
 
-        assert isinstance(partition, KafkaRangePartition)
-        rng = partition.range
+        rng = planned_range(partition)
+        if rng is None:
+            return
         live = live_records(
             read_messages(
                 self.options.consumer_conf("reader"),
                 rng,
+                batch_size=self.options.batch_size,
                 poll_timeout_s=self.options.poll_timeout_ms / 1000,
                 fail_on_data_loss=self.options.fail_on_data_loss,
             )

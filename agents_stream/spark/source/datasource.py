@@ -11,27 +11,36 @@ the ``headers`` column is added::
 Supported options (Spark's names and formats):
 
 - ``kafka.bootstrap.servers`` (required) and any other ``kafka.*`` setting, passed to
-  librdkafka without the prefix (so use librdkafka names, e.g. ``kafka.security.protocol``,
-  ``kafka.sasl.mechanism``).
+  librdkafka without the prefix; the Java client's names Spark users write are translated
+  where librdkafka has the same setting (``kafka.fetch.max.wait.ms`` ->
+  ``fetch.wait.max.ms``, a PLAIN/SCRAM ``kafka.sasl.jaas.config`` -> ``sasl.username`` /
+  ``sasl.password``...) and refused, naming librdkafka's, where it has not
+  (:mod:`.client_names`; the table in docs/reference.md).
 - exactly one of ``assign`` (JSON such as ``{"topicA":[0,1],"topicB":[2,4]}``),
-  ``subscribe`` (comma-separated topics) or ``subscribePattern`` (regular expression).
+  ``subscribe`` (comma-separated topics) or ``subscribePattern`` (a regular expression
+  found anywhere in the name, as Java's ``find``; internal topics left out).
 - ``startingOffsets`` / ``endingOffsets``: ``earliest``, ``latest`` or JSON such as
   ``{"topic":{"0":23,"1":-2}}`` (-2 earliest, -1 latest; ending offsets are exclusive).
   As in Spark, a JSON value must name every partition read.
+- ``startingTimestamp`` / ``startingOffsetsByTimestamp`` / ``endingTimestamp`` /
+  ``endingOffsetsByTimestamp`` (milliseconds; precedence as in Spark) and
+  ``startingOffsetsByTimestampStrategy`` (``error`` or ``latest``): Apache Kafka only.
 - ``maxRecordsPerPartition``: split larger ranges into several Spark input partitions;
   ``minPartitions``: with fewer ranges than this, split them in proportion to their size.
-- ``failOnDataLoss`` (default true), ``kafkaConsumer.pollTimeoutMs`` (default 120000),
-  ``includeHeaders`` (default false).
+- ``failOnDataLoss`` (default true; false reads what is there when offsets were deleted
+  or an end lies past the partition's end), ``kafkaConsumer.pollTimeoutMs`` (default
+  120000), ``includeHeaders`` (default false), ``groupIdPrefix``.
 
 Any other option is an error that lists the valid ones; Spark's options this source does
-not implement (timestamps as offsets, ``groupIdPrefix``, streaming triggers...) are
-refused by name rather than ignored, so a job never reads another range than it would
-with ``format("kafka")``.
+not implement (``fetchOffset.*``, streaming triggers) are refused by name, with the
+reason, rather than ignored, so a job never reads another range than it would with
+``format("kafka")``.
 
 Ends are resolved when Spark plans the query (see :mod:`agents_stream.spark.source.offsets`);
 each action (``count()``, ``collect()``...) plans again, so "latest" means latest at that
 action. Readers never join a consumer group and never commit offsets. Isolation level is
-``read_uncommitted`` like Spark's source; set ``kafka.isolation.level`` to change it.
+``read_uncommitted`` like Spark's source; with ``kafka.isolation.level=read_committed``
+"latest" is the last stable offset, so a read never waits on an open transaction.
 
 The pieces are reusable without Spark: :func:`~agents_stream.spark.source.plan_ranges`
 lists the planned ``(topic, partition, start, end)`` ranges and
@@ -63,6 +72,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from .errors import KafkaSourceError
 from .offsets import OffsetRange, plan_offset_ranges
 from .options import KafkaSourceOptions, OffsetSpec, source_options
 
@@ -135,19 +145,34 @@ class KafkaRangeReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         return [KafkaRangePartition(r) for r in plan_offset_ranges(self.options)]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
         # Imported here: this module is loaded on the driver for planning too, and the
         # reader pulls in pyarrow only where records are actually read.
         from .record_reader import read_range
 
-        assert isinstance(partition, KafkaRangePartition)
+        rng = planned_range(partition)
+        if rng is None:
+            return iter(())
         return read_range(
             self.options.consumer_conf("reader"),
-            partition.range,
+            rng,
             include_headers=self.options.include_headers,
+            batch_size=self.options.batch_size,
             poll_timeout_s=self.options.poll_timeout_ms / 1000,
             fail_on_data_loss=self.options.fail_on_data_loss,
         )
+
+
+def planned_range(partition: InputPartition | None) -> OffsetRange | None:
+    """The range of an input partition; ``None`` for the single call PySpark makes with
+    no partition when planning found none (a pattern matching no topic: 0 rows)."""
+    if partition is None:
+        return None
+    if not isinstance(partition, KafkaRangePartition):
+        raise KafkaSourceError(
+            f"expected an input partition planned by this source, got {type(partition).__name__}"
+        )
+    return partition.range
 
 
 def read_kafka(

@@ -2,14 +2,20 @@
 
 Planning runs once, on the driver, before any record is read:
 
-1. Resolve the topics (``subscribe`` list or ``subscribePattern``) and their partitions
+1. Resolve the topics (``subscribe`` list, ``assign``, or ``subscribePattern`` found
+   anywhere in the name as Spark does, internal topics left out) and their partitions
    from cluster metadata.
-2. Find each partition's low watermark and its *end*: the high watermark reported by a
-   real fetch response. ListOffsets(latest) is not trusted for the end because some
-   Kafka-protocol brokers (Tansu) answer it with the last batch's base offset + 1; the
-   fetch starts one record before that answer, so it moves almost no data.
-3. Resolve ``startingOffsets`` / ``endingOffsets`` against the watermarks, checking for
-   deleted data and impossible ranges.
+2. Find each partition's low watermark and its *end*, as a real fetch reports it at the
+   read's isolation level: ``read_uncommitted``, the high watermark of a fetch response;
+   ``read_committed``, the last stable offset (where a ``read_committed`` fetch reports
+   the end of the partition: no reader gets past an open transaction, so a range planned
+   further would never complete). ListOffsets alone is not trusted because some
+   Kafka-protocol brokers (Tansu) answer it with the last batch's base offset + 1 (and
+   0 for ``read_committed``); the fetch starts one record before that answer, so on
+   Apache Kafka it moves almost no data.
+3. Resolve the timestamp options to offsets with the broker's offsets-for-times lookup
+   (at the same isolation level), then ``startingOffsets`` / ``endingOffsets`` against
+   the ends, checking for deleted data and impossible ranges (``failOnDataLoss``).
 4. Split ranges larger than ``maxRecordsPerPartition`` into consecutive slices.
 
 The result is a plain list of :class:`OffsetRange`; Spark readers, backfill and audit
@@ -19,7 +25,6 @@ jobs can all consume it, and it imports nothing from PySpark.
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,8 +32,17 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
+from .client_names import config_error
 from .errors import KafkaSourceError, KafkaSourceOptionError
-from .options import EARLIEST, LATEST, KafkaSourceOptions, OffsetSpec, source_options
+from .options import (
+    EARLIEST,
+    LATEST,
+    KafkaSourceOptions,
+    OffsetSpec,
+    compile_topic_pattern,
+    source_options,
+)
+from .timestamps import resolve_timestamps
 
 _METADATA_TIMEOUT_S = 30.0
 
@@ -74,10 +88,23 @@ class OffsetRange:
 
 @dataclass(frozen=True, slots=True)
 class Watermarks:
-    """Low watermark and fetch-confirmed end (high watermark) of one partition."""
+    """Low watermark and fetch-confirmed end of one partition: the high watermark, or
+    with ``read_committed`` the last stable offset."""
 
     low: int
     high: int
+
+
+def new_consumer(conf: Mapping[str, Any]) -> Consumer:
+    """A librdkafka consumer; a configuration librdkafka refuses is one option line.
+
+    Raises:
+        KafkaSourceOptionError: librdkafka refused a setting (named in the message).
+    """
+    try:
+        return Consumer(dict(conf))
+    except KafkaException as exc:
+        raise config_error(exc, conf) from exc
 
 
 def plan_offset_ranges(options: KafkaSourceOptions) -> list[OffsetRange]:
@@ -91,25 +118,53 @@ def plan_offset_ranges(options: KafkaSourceOptions) -> list[OffsetRange]:
         range, so every planned partition appears at least once.
 
     Raises:
-        KafkaSourceOptionError: the offsets name topics or partitions that are not read.
-        KafkaSourceError: a start was deleted by retention (with ``failOnDataLoss``), an
-            explicit offset lies beyond the end, or a start lies after its end.
+        KafkaSourceOptionError: the offsets name topics or partitions that are not read,
+            a topic does not exist, or timestamps are asked of the embedded broker.
+        KafkaSourceError: a start was deleted by retention or an explicit end lies beyond
+            the partition's end (with ``failOnDataLoss``), a start lies after its end, or
+            no record is at or after a starting timestamp (``startingOffsetsByTimestamp
+            Strategy=error``).
     """
-    consumer = Consumer(options.consumer_conf("planner"))
+    timeout_s = options.poll_timeout_ms / 1000
+    consumer = new_consumer(options.consumer_conf("planner"))
     try:
-        partitions = _resolve_partitions(consumer, options)
-        marks = fetch_watermarks(consumer, partitions, timeout_s=options.poll_timeout_ms / 1000)
+        metadata = _metadata(consumer)
+        partitions = _resolve_partitions(metadata, options)
+        if not partitions:  # a pattern that matches no topic: Spark reads 0 rows
+            return []
+        marks = fetch_watermarks(
+            consumer, partitions, timeout_s=timeout_s, read_committed=options.read_committed
+        )
+        starting, ending = options.starting, options.ending
+        for side, stamps in (
+            ("starting", options.starting_timestamps),
+            ("ending", options.ending_timestamps),
+        ):
+            if stamps is None:
+                continue
+            resolved = resolve_timestamps(
+                consumer,
+                stamps,
+                partitions,
+                starting=side == "starting",
+                strategy=options.timestamp_strategy,
+                cluster_id=metadata.cluster_id or "",
+                timeout_s=timeout_s,
+            )
+            starting, ending = (resolved, ending) if side == "starting" else (starting, resolved)
     finally:
         consumer.close()
-    _check_spec_names(options.starting, partitions, "startingOffsets")
-    _check_spec_names(options.ending, partitions, "endingOffsets")
+    if options.starting_timestamps is None:
+        _check_spec_names(starting, partitions, "startingOffsets")
+    if options.ending_timestamps is None:
+        _check_spec_names(ending, partitions, "endingOffsets")
     ranges: list[OffsetRange] = []
     planned: list[OffsetRange] = []
     for topic, partition in partitions:
         mark = marks[(topic, partition)]
-        start = _resolve(options.starting, topic, partition, mark, default=EARLIEST)
-        end = _resolve(options.ending, topic, partition, mark, default=LATEST)
-        start, end = _validate(topic, partition, start, end, mark, options.fail_on_data_loss)
+        start = _resolve(starting, topic, partition, mark, default=EARLIEST)
+        end = _resolve(ending, topic, partition, mark, default=LATEST)
+        start, end = _validate(topic, partition, start, end, mark, options)
         rng = OffsetRange(topic, partition, start, end)
         if options.max_records_per_partition:
             planned.extend(rng.split(options.max_records_per_partition))
@@ -169,10 +224,15 @@ def fetch_watermarks(
     partitions: Sequence[tuple[str, int]],
     *,
     timeout_s: float = _METADATA_TIMEOUT_S,
+    read_committed: bool = False,
 ) -> dict[tuple[str, int], Watermarks]:
-    """Low watermark and fetch-confirmed high watermark of each partition.
+    """Low watermark and fetch-confirmed end of each partition.
 
-    The consumer must have ``enable.partition.eof`` set; its assignment is replaced.
+    The consumer must have ``enable.partition.eof`` set and the isolation level named by
+    ``read_committed``; its assignment is replaced. ``read_uncommitted``: the end is the
+    high watermark of the first fetch response. ``read_committed``: the offset of the
+    partition-EOF event, which a ``read_committed`` consumer raises at the last stable
+    offset (an open transaction's records and everything after them are past it).
 
     Raises:
         KafkaSourceError: the broker answered with an error or did not answer in time.
@@ -194,28 +254,39 @@ def fetch_watermarks(
         [TopicPartition(t, p, max(low, high - 1)) for (t, p), (low, high) in listed.items()]
     )
     pending = set(listed)
+    eof: dict[tuple[str, int], int] = {}
     deadline = time.monotonic() + timeout_s
     try:
         while pending:
             if time.monotonic() > deadline:
                 topic, partition = min(pending)
                 raise KafkaSourceError(
-                    f"no fetch response within {timeout_s:.0f}s while planning",
+                    f"no fetch response within {timeout_s:.0f}s while planning; raise "
+                    "kafkaConsumer.pollTimeoutMs if the cluster is slow to answer",
                     topic=topic,
                     partition=partition,
                 )
-            for msg in consumer.consume(num_messages=len(pending), timeout=0.05):
+            for msg in consumer.consume(num_messages=max(len(pending), 500), timeout=0.05):
                 err = msg.error()
-                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                key = (msg.topic() or "?", -1 if msg.partition() is None else msg.partition())
+                if err is None:
+                    if not read_committed:
+                        pending.discard(key)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    eof[key] = msg.offset()
+                    pending.discard(key)
+                else:
                     raise KafkaSourceError(
                         f"fetch failed while planning: {err}",
-                        topic=msg.topic() or "?",
-                        partition=-1 if msg.partition() is None else msg.partition(),
+                        topic=key[0],
+                        partition=key[1],
                         code=err.code(),
                     )
-                pending.discard((msg.topic(), msg.partition()))
         marks: dict[tuple[str, int], Watermarks] = {}
         for (topic, partition), (low, listed_high) in listed.items():
+            if read_committed:
+                marks[(topic, partition)] = Watermarks(low=low, high=eof[(topic, partition)])
+                continue
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
             # A fetch never reports less than ListOffsets on a correct broker; keep the
             # larger so a missing cached value cannot shrink the range.
@@ -226,28 +297,72 @@ def fetch_watermarks(
         consumer.unassign()
 
 
-def _resolve_partitions(consumer: Consumer, options: KafkaSourceOptions) -> list[tuple[str, int]]:
+def _metadata(consumer: Consumer) -> Any:
     try:
-        metadata = consumer.list_topics(timeout=_METADATA_TIMEOUT_S)
+        return consumer.list_topics(timeout=_METADATA_TIMEOUT_S)
     except KafkaException as exc:
         raise KafkaSourceOptionError(
-            f"cannot reach the cluster: {exc.args[0]}", option="kafka.bootstrap.servers"
+            f"cannot reach the cluster ({exc.args[0]}); check the address and the "
+            "kafka.security.* / kafka.sasl.* options",
+            option="kafka.bootstrap.servers",
         ) from exc
+
+
+def _resolve_partitions(metadata: Any, options: KafkaSourceOptions) -> list[tuple[str, int]]:
     if options.assign is not None:
         return _assigned(metadata, options.assign)
     if options.subscribe_pattern is not None:
-        regex = re.compile(options.subscribe_pattern)
-        topics = sorted(t for t in metadata.topics if regex.fullmatch(t))
+        regex = compile_topic_pattern(options.subscribe_pattern)
+        # Spark lists topics with the admin client, which leaves internal ones out, and
+        # keeps those in which the pattern is found (Java's Matcher.find), not only
+        # those it matches whole.
+        found = [t for t in metadata.topics if regex.search(t)]
+        internal = internal_topics(options.kafka_conf, [t for t in found if t.startswith("__")])
+        topics = sorted(t for t in found if t not in internal)
+        option = "subscribePattern"
     else:
         topics = list(options.topics)
+        option = "subscribe"
     out: list[tuple[str, int]] = []
     for topic in topics:
         meta = metadata.topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             reason = meta.error if meta is not None and meta.error else "does not exist"
-            raise KafkaSourceOptionError(f"topic {topic!r}: {reason}", option="subscribe")
+            raise KafkaSourceOptionError(
+                f"topic {topic!r}: {reason}; create it or correct the name", option=option
+            )
         out.extend((topic, p) for p in sorted(meta.partitions))
     return out
+
+
+# Kafka's own list (org.apache.kafka.common.internals.Topic), for a broker that cannot
+# be asked (no Describe permission on them).
+_KAFKA_INTERNAL = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+
+
+def internal_topics(kafka_conf: Mapping[str, str], candidates: Sequence[str]) -> set[str]:
+    """Which of ``candidates`` the brokers flag internal (what Spark's admin listing leaves
+    out); only names starting with ``__`` are asked about, Kafka's convention for them."""
+    if not candidates:
+        return set()
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    conf = {
+        k: v for k, v in kafka_conf.items() if k in _ADMIN_KEYS or k.startswith(_ADMIN_PREFIXES)
+    }
+    try:
+        admin = AdminClient({**conf, "log_level": "3"})
+        futures = admin.describe_topics(TopicCollection(list(candidates)), request_timeout=10)
+        return {name for name, fut in futures.items() if fut.result(timeout=15).is_internal}
+    except Exception:  # no Describe permission or no answer: Kafka's fixed list
+        return {t for t in candidates if t in _KAFKA_INTERNAL}
+
+
+# The connection settings an admin client needs (the consumer's own settings would only
+# make librdkafka warn that it ignores them).
+_ADMIN_KEYS = frozenset({"bootstrap.servers", "client.id", "socket.timeout.ms"})
+_ADMIN_PREFIXES = ("security.", "sasl.", "ssl.", "client.dns", "broker.address")
 
 
 def _assigned(metadata: Any, assign: Mapping[str, tuple[int, ...]]) -> list[tuple[str, int]]:
@@ -256,11 +371,16 @@ def _assigned(metadata: Any, assign: Mapping[str, tuple[int, ...]]) -> list[tupl
         meta = metadata.topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             reason = meta.error if meta is not None and meta.error else "does not exist"
-            raise KafkaSourceOptionError(f"topic {topic!r}: {reason}", option="assign")
+            raise KafkaSourceOptionError(
+                f"topic {topic!r}: {reason}; create it or correct the name", option="assign"
+            )
         missing = [p for p in partitions if p not in meta.partitions]
         if missing:
             raise KafkaSourceOptionError(
-                f"topic {topic!r} has no partition {missing[0]} (it has {len(meta.partitions)})",
+                f"topic {topic!r} has no partition {missing[0]} (it has "
+                f"{len(meta.partitions)}); name only existing partitions (Spark's source "
+                "skips missing ones silently; this one refuses rather than read less than "
+                "asked)",
                 option="assign",
             )
         out.extend((topic, p) for p in partitions)
@@ -295,10 +415,9 @@ def _resolve(
 ) -> int:
     if spec == "earliest":
         offset = EARLIEST
-    elif spec == "latest":
+    elif spec == "latest" or not isinstance(spec, Mapping):
         offset = LATEST
     else:
-        assert isinstance(spec, Mapping)
         offset = spec.get(topic, {}).get(partition, default)
     if offset == EARLIEST:
         return mark.low
@@ -308,17 +427,40 @@ def _resolve(
 
 
 def _validate(
-    topic: str, partition: int, start: int, end: int, mark: Watermarks, fail_on_data_loss: bool
+    topic: str, partition: int, start: int, end: int, mark: Watermarks, options: KafkaSourceOptions
 ) -> tuple[int, int]:
+    """Checks a resolved range against the partition; with ``failOnDataLoss=false`` a range
+    reaching past what the partition holds is cut to it, as Spark's source reads then
+    (what is there, with a warning) instead of failing."""
+    lenient = not options.fail_on_data_loss
+    end_name = (
+        f"last stable offset {mark.high} (read_committed: a transaction is open there, or "
+        "the partition ends)"
+        if options.read_committed
+        else f"end {mark.high}"
+    )
     if end > mark.high:
-        raise KafkaSourceError(
-            f"ending offset {end} is beyond the partition's end {mark.high}",
-            topic=topic,
-            partition=partition,
-            offset=end,
-        )
+        if not lenient:
+            raise KafkaSourceError(
+                f"ending offset {end} is beyond the partition's {end_name}; give an end at "
+                "most there, or set failOnDataLoss=false to end at the partition's end",
+                topic=topic,
+                partition=partition,
+                offset=end,
+            )
+        end = mark.high
+    if start > mark.high:
+        if not lenient:
+            raise KafkaSourceError(
+                f"starting offset {start} is beyond the partition's {end_name}; give a start "
+                "at most there, or set failOnDataLoss=false to read nothing from it",
+                topic=topic,
+                partition=partition,
+                offset=start,
+            )
+        start = end
     if start < mark.low:
-        if fail_on_data_loss:
+        if not lenient:
             raise KafkaSourceError(
                 f"starting offset {start} was deleted (earliest available is {mark.low}); "
                 "set failOnDataLoss=false to start at the earliest instead",
@@ -330,7 +472,8 @@ def _validate(
         start = min(mark.low, end)
     if start > end:
         raise KafkaSourceError(
-            f"starting offset {start} is after ending offset {end}",
+            f"starting offset {start} is after ending offset {end}; fix startingOffsets / "
+            "endingOffsets (or the timestamps they came from)",
             topic=topic,
             partition=partition,
             offset=start,

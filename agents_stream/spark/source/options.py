@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from .client_names import translate
 from .errors import KafkaSourceOptionError
 
 EARLIEST = -2
@@ -24,10 +25,29 @@ LATEST = -1
 OffsetSpec: TypeAlias = Literal["earliest", "latest"] | Mapping[str, Mapping[int, int]]
 """``"earliest"``, ``"latest"`` or per-topic, per-partition offsets (-2 earliest, -1 latest)."""
 
+TimestampSpec: TypeAlias = int | Mapping[str, Mapping[int, int]]
+"""One timestamp (ms since the epoch) for every partition read (``startingTimestamp``,
+``endingTimestamp``) or one per partition (``startingOffsetsByTimestamp``,
+``endingOffsetsByTimestamp``)."""
+
+TimestampStrategy: TypeAlias = Literal["error", "latest"]
+"""Spark's ``startingOffsetsByTimestampStrategy``: what a start by timestamp does for a
+partition with no record at or after the timestamp (fail, or start at the end)."""
+
+DEFAULT_BATCH_SIZE = 10_000
+"""Records per ``consume()`` call and Arrow batch of a reader (``kafka.max.poll.records``)."""
+
 _KAFKA_PREFIX = "kafka."
 # Options that the source itself owns; letting users override them would break the
-# read-only, commit-free contract of the readers.
-_RESERVED_KAFKA = {"enable.auto.commit", "enable.partition.eof", "auto.offset.reset"}
+# read-only, commit-free contract of the readers. Spark refuses the first two as well.
+_RESERVED_KAFKA = {
+    "auto.offset.reset": "is not supported (nor by Spark's source): set startingOffsets "
+    "('earliest' or JSON offsets) instead",
+    "enable.auto.commit": "is not supported (nor by Spark's source): readers never commit "
+    "offsets; remove it",
+    "enable.partition.eof": "is set by the source (readers stop at the end of each range); "
+    "remove it",
+}
 
 SUPPORTED_OPTIONS = (
     "kafka.bootstrap.servers",
@@ -37,6 +57,12 @@ SUPPORTED_OPTIONS = (
     "subscribePattern",
     "startingOffsets",
     "endingOffsets",
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "endingTimestamp",
+    "endingOffsetsByTimestamp",
+    "groupIdPrefix",
     "minPartitions",
     "maxRecordsPerPartition",
     "failOnDataLoss",
@@ -45,36 +71,34 @@ SUPPORTED_OPTIONS = (
 )
 """Options this source reads, with Spark's Kafka source names and meanings."""
 
-# Options of Spark's Kafka source that this one does not implement: refusing them beats
-# silently reading a different range than the same job with format("kafka") would.
-_SPARK_ONLY = (
-    "startingOffsetsByTimestamp",
-    "endingOffsetsByTimestamp",
-    "startingTimestamp",
-    "endingTimestamp",
-    "startingOffsetsByTimestampStrategy",
-    "groupIdPrefix",
-    "fetchOffset.numRetries",
-    "fetchOffset.retryIntervalMs",
-    "maxOffsetsPerTrigger",
-    "minOffsetsPerTrigger",
-    "maxTriggerDelay",
-)
+# Options of Spark's Kafka source that this one does not implement, with the reason and
+# what to do instead: refusing them beats silently reading a different range than the
+# same job with format("kafka") would.
+_STREAMING = "is a streaming option; this source reads batches only: remove it"
+_SPARK_ONLY = {
+    "fetchOffset.numRetries": "retries Spark's offset lookups; planning here fails at once "
+    "and the Spark action can be run again: remove it",
+    "fetchOffset.retryIntervalMs": "retries Spark's offset lookups; planning here fails at "
+    "once and the Spark action can be run again: remove it",
+    "maxOffsetsPerTrigger": _STREAMING,
+    "minOffsetsPerTrigger": _STREAMING,
+    "maxTriggerDelay": _STREAMING,
+    "topic": "is an option of Spark's Kafka sink, not of its source: use subscribe",
+}
 _KNOWN = {name.lower(): name for name in SUPPORTED_OPTIONS if name != "kafka.*"}
 
 
 def _check_names(names: Iterable[str]) -> None:
     valid = ", ".join(SUPPORTED_OPTIONS)
-    spark_only = {name.lower(): name for name in _SPARK_ONLY}
+    spark_only = {name.lower(): (name, why) for name, why in _SPARK_ONLY.items()}
     for name in sorted(names):
         key = name.lower()
         if key.startswith(_KAFKA_PREFIX) or key in _KNOWN:
             continue
         if key in spark_only:
+            spark_name, why = spark_only[key]
             raise KafkaSourceOptionError(
-                f"is an option of Spark's Kafka source that agents_stream.kafka does not "
-                f"support; supported options: {valid}",
-                option=spark_only[key],
+                f"(an option of Spark's Kafka source) {why}", option=spark_name
             )
         raise KafkaSourceOptionError(f"is not an option; valid options: {valid}", option=name)
 
@@ -166,6 +190,96 @@ def parse_assign(value: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def parse_timestamp_spec(value: str, *, option: str) -> TimestampSpec:
+    """Parses Spark's timestamp options: one number of milliseconds since the epoch
+    (``startingTimestamp``, ``endingTimestamp``) or JSON like
+    ``{"topicA":{"0":1700000000000}}`` (``startingOffsetsByTimestamp``,
+    ``endingOffsetsByTimestamp``).
+
+    Raises:
+        KafkaSourceOptionError: not a number / not that JSON, or a negative timestamp.
+    """
+    text = value.strip()
+    if not option.endswith("ByTimestamp"):
+        try:
+            stamp = int(text)
+        except ValueError as exc:
+            raise KafkaSourceOptionError(
+                f"expected milliseconds since the epoch, e.g. 1700000000000; got {text!r}",
+                option=option,
+            ) from exc
+        return _non_negative(stamp, option)
+    example = '{"topicA":{"0":1700000000000,"1":1700000000000}}'
+    try:
+        decoded = json.loads(text)
+        parsed = {
+            str(t): {int(p): int(ts) for p, ts in parts.items()} for t, parts in decoded.items()
+        }
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+        raise KafkaSourceOptionError(
+            f"expected JSON like {example} (timestamps in ms); got {text!r}", option=option
+        ) from exc
+    if not parsed or not all(parsed.values()):
+        raise KafkaSourceOptionError(f"names no partition; expected e.g. {example}", option=option)
+    for parts in parsed.values():
+        for stamp in parts.values():
+            _non_negative(stamp, option)
+    return parsed
+
+
+def _non_negative(stamp: int, option: str) -> int:
+    if stamp < 0:
+        raise KafkaSourceOptionError(
+            f"timestamp {stamp} is negative; give milliseconds since the epoch", option=option
+        )
+    return stamp
+
+
+def _timestamps(opts: Mapping[str, str], side: str) -> TimestampSpec | None:
+    """Spark's precedence: ``<side>Timestamp`` over ``<side>OffsetsByTimestamp``, both over
+    ``<side>Offsets``."""
+    for option in (f"{side}Timestamp", f"{side}OffsetsByTimestamp"):
+        raw = opts.get(option.lower())
+        if raw is not None and raw.strip():
+            return parse_timestamp_spec(raw, option=option)
+    return None
+
+
+def _strategy(opts: Mapping[str, str]) -> TimestampStrategy:
+    raw = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if raw not in ("error", "latest"):
+        raise KafkaSourceOptionError(
+            f"expected 'error' or 'latest', got {raw!r}",
+            option="startingOffsetsByTimestampStrategy",
+        )
+    return "latest" if raw == "latest" else "error"
+
+
+_NAMED_GROUP = re.compile(r"(?<!\\)\(\?<(?![=!])")
+
+
+def compile_topic_pattern(pattern: str) -> re.Pattern[str]:
+    """``subscribePattern`` as Spark reads it: a Java regular expression, matched with
+    ``find`` (anywhere in the topic name, as ``re.search``).
+
+    Java's ``(?<name>...)`` named groups become Python's ``(?P<name>...)``; the rest of
+    the syntax the two share (classes, anchors, quantifiers, possessive and atomic forms,
+    inline flags).
+
+    Raises:
+        KafkaSourceOptionError: Python's ``re`` cannot read the pattern (e.g. Java's
+            ``\\p{Alpha}`` classes); the message says what it choked on.
+    """
+    try:
+        return re.compile(_NAMED_GROUP.sub("(?P<", pattern))
+    except re.error as exc:
+        raise KafkaSourceOptionError(
+            f"cannot read {pattern!r} as a regular expression ({exc}); write it in the syntax "
+            "Java and Python share (Java-only forms such as \\p{...} classes are not read)",
+            option="subscribePattern",
+        ) from exc
+
+
 def _check_batch_rule(option: str, mode: str | None) -> None:
     # Spark rejects these for batch reads because they always yield nothing; keep the
     # same rule so a job behaves identically with either source.
@@ -191,11 +305,21 @@ class KafkaSourceOptions:
             input partitions; ``None`` keeps one input partition per Kafka partition.
         min_partitions: as Spark's ``minPartitions``: when there are fewer ranges, split
             them (in proportion to their sizes) into about this many.
-        fail_on_data_loss: raise when a requested start was already deleted, instead of
-            starting at the earliest offset still available.
+        starting_timestamps: ``startingTimestamp`` or ``startingOffsetsByTimestamp``
+            (they take precedence over ``starting``, as in Spark), resolved with the
+            broker's offsets for times; ``None`` when not given.
+        ending_timestamps: ``endingTimestamp`` or ``endingOffsetsByTimestamp`` likewise.
+        timestamp_strategy: ``startingOffsetsByTimestampStrategy``.
+        fail_on_data_loss: Spark's meaning: raise when a requested start was already
+            deleted or a requested end lies past the partition's end; with ``False``
+            start at the earliest offset still there and end at the partition's end.
         poll_timeout_ms: how long a reader waits for records before giving up.
         include_headers: whether the ``headers`` column is produced (default false,
             as in Spark).
+        group_id_prefix: Spark's ``groupIdPrefix``: the readers' (never joined) group
+            ids start with it.
+        batch_size: records per ``consume()`` call and Arrow batch
+            (``kafka.max.poll.records``, the Java client's records per poll).
     """
 
     kafka_conf: Mapping[str, str] = field(repr=False)  # may hold credentials
@@ -209,6 +333,11 @@ class KafkaSourceOptions:
     fail_on_data_loss: bool = True
     poll_timeout_ms: int = 120_000
     include_headers: bool = False
+    starting_timestamps: TimestampSpec | None = None
+    ending_timestamps: TimestampSpec | None = None
+    timestamp_strategy: TimestampStrategy = "error"
+    group_id_prefix: str = "agents-stream-spark"
+    batch_size: int = DEFAULT_BATCH_SIZE
     _group_suffix: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
 
     @classmethod
@@ -223,16 +352,14 @@ class KafkaSourceOptions:
         opts = {str(k).lower(): str(v) for k, v in options.items()}
         # Spark hands options over with lower-cased keys; librdkafka's names are
         # lower-case too, so they pass through unchanged.
-        kafka_conf = {
+        raw_kafka = {
             k[len(_KAFKA_PREFIX) :]: v for k, v in opts.items() if k.startswith(_KAFKA_PREFIX)
         }
-        if not kafka_conf.get("bootstrap.servers"):
+        if not raw_kafka.get("bootstrap.servers"):
             raise KafkaSourceOptionError("is required", option="kafka.bootstrap.servers")
-        for reserved in _RESERVED_KAFKA & kafka_conf.keys():
-            raise KafkaSourceOptionError(
-                "is managed by the source (readers never commit and stop at the end offset)",
-                option=_KAFKA_PREFIX + reserved,
-            )
+        for reserved in sorted(_RESERVED_KAFKA.keys() & raw_kafka.keys()):
+            raise KafkaSourceOptionError(_RESERVED_KAFKA[reserved], option=_KAFKA_PREFIX + reserved)
+        kafka_conf = translate(raw_kafka)
         topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip())
         pattern = opts.get("subscribepattern") or None
         assign = parse_assign(opts["assign"]) if "assign" in opts else None
@@ -243,10 +370,7 @@ class KafkaSourceOptions:
                 option="subscribe",
             )
         if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise KafkaSourceOptionError(str(exc), option="subscribePattern") from exc
+            compile_topic_pattern(pattern)
         return cls(
             kafka_conf=kafka_conf,
             topics=topics,
@@ -261,7 +385,17 @@ class KafkaSourceOptions:
             fail_on_data_loss=_boolean(opts, "failOnDataLoss", default=True),
             poll_timeout_ms=_positive_int(opts, "kafkaConsumer.pollTimeoutMs") or 120_000,
             include_headers=_boolean(opts, "includeHeaders", default=False),
+            starting_timestamps=_timestamps(opts, "starting"),
+            ending_timestamps=_timestamps(opts, "ending"),
+            timestamp_strategy=_strategy(opts),
+            group_id_prefix=opts.get("groupidprefix", "").strip() or "agents-stream-spark",
+            batch_size=_positive_int(opts, "kafka.max.poll.records") or DEFAULT_BATCH_SIZE,
         )
+
+    @property
+    def read_committed(self) -> bool:
+        """Whether reads skip aborted records and stop at the last stable offset."""
+        return self.kafka_conf.get("isolation.level", "").strip().lower() == "read_committed"
 
     def consumer_conf(self, role: Literal["planner", "reader"]) -> dict[str, str | bool]:
         """librdkafka settings for a short-lived, assign-only, never-committing consumer.
@@ -271,7 +405,7 @@ class KafkaSourceOptions:
                 to, but librdkafka wants one and brokers log it.
         """
         conf: dict[str, str | bool] = {
-            "group.id": f"agents-stream-spark-{self._group_suffix}-{role}",
+            "group.id": f"{self.group_id_prefix}-{self._group_suffix}-{role}",
             # Spark's Kafka source reads uncommitted data unless told otherwise; match it.
             "isolation.level": "read_uncommitted",
             "log_level": "3",

@@ -15,10 +15,10 @@ from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from .errors import KafkaSourceError
-from .offsets import OffsetRange
+from .offsets import OffsetRange, new_consumer
 
 HEADER_TYPE = pa.list_(
     pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -99,7 +99,7 @@ def read_messages(
     """
     if rng.size <= 0:
         return
-    consumer = Consumer(dict(consumer_conf))
+    consumer = new_consumer(consumer_conf)
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         position = rng.start
