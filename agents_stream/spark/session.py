@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,7 +57,12 @@ def check_java() -> str:
     return java
 
 
-def get_spark(app_name: str = "agents-stream", master: str | None = None) -> SparkSession:
+def get_spark(
+    app_name: str = "agents-stream",
+    master: str | None = None,
+    *,
+    jars: Sequence[str | Path] = (),
+) -> SparkSession:
     """Returns the active SparkSession, creating it if needed, with our sources registered.
 
     The Python workers run the current interpreter (``PYSPARK_PYTHON``), so executors
@@ -68,6 +74,9 @@ def get_spark(app_name: str = "agents-stream", master: str | None = None) -> Spa
         app_name: Spark application name.
         master: Spark master URL; defaults to ``$AGENTS_STREAM_SPARK_MASTER`` or
             ``local[*]``. Ignored when a session is already active.
+        jars: local jars for the session's classpath (``spark.jars``), e.g. Spark's own
+            Kafka connector (:mod:`agents_stream.spark.official_connector`). Ignored when
+            a session is already active.
 
     Raises:
         SparkUnavailableError: PySpark or Java is missing.
@@ -89,6 +98,8 @@ def get_spark(app_name: str = "agents-stream", master: str | None = None) -> Spa
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
     )
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     if master.startswith("local"):
         # A local job never leaves the machine; binding to loopback avoids the JVM's
         # hostname lookup (and its warning) on hosts whose name maps to 127.0.1.1.

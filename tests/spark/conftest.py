@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
@@ -14,13 +15,34 @@ from agents_stream.testing import EmbeddedBroker
 Record = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None, int | None]
 
 
+_official: tuple[str, list] | str | None = None
+
+
+def official_connector() -> tuple[str, list] | str:
+    """Spark's own Kafka connector for the session (version, jars), or why there is none;
+    fetched with mvn on first use (~8 s), then from the cache."""
+    global _official
+    if _official is None:
+        from agents_stream.spark.official_connector import connector_jars
+
+        try:
+            _official = connector_jars()
+        except (OSError, subprocess.SubprocessError) as exc:
+            _official = f"cannot fetch Spark's Kafka connector: {exc}"
+    return _official
+
+
 @pytest.fixture(scope="session")
 def spark():
-    """A ``local[2]`` session shared by every Spark test (cold start costs ~10-20 s)."""
+    """A ``local[2]`` session shared by every Spark test (cold start costs ~10-20 s), with
+    Spark's own Kafka connector on its classpath when it can be had, so that the
+    cross-check (test_official_connector.py) needs no second session."""
     from agents_stream.spark import SparkUnavailableError, get_spark
 
+    official = official_connector()
+    jars = [] if isinstance(official, str) else official[1]
     try:
-        session = get_spark("agents-stream-tests", master="local[2]")
+        session = get_spark("agents-stream-tests", master="local[2]", jars=jars)
     except SparkUnavailableError as exc:
         pytest.skip(str(exc))
     yield session
