@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import warnings
 from typing import Any
 
 from ..kafka.config import common_config, redact_url, scrub, url_secrets
@@ -99,7 +100,7 @@ def registry_client(url: str) -> Any:
         client = _clients.get(cache_key)
         if client is None:
             try:
-                from confluent_kafka.schema_registry import SchemaRegistryClient
+                SchemaRegistryClient = _client_class()
             except ImportError as exc:
                 raise SchemaError(
                     "a schema registry URL is set but confluent-kafka's schema registry "
@@ -117,8 +118,24 @@ def registry_client(url: str) -> Any:
         return client
 
 
+def _client_class() -> Any:
+    # Its import pulls authlib in, which warns that its httpx module is deprecated: a
+    # line on stderr of every command, in front of a stopping worker's one line.
+    # authlib installs an "always" filter for its warnings when imported: import it
+    # first, then ignore.
+    with warnings.catch_warnings():
+        try:
+            import authlib.deprecate  # noqa: F401
+        except ImportError:
+            pass
+        warnings.simplefilter("ignore")
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+    return SchemaRegistryClient
+
+
 def avro_schema(version: SchemaVersion) -> Any:
     """The registry ``Schema`` object of one version."""
+    _client_class()
     from confluent_kafka.schema_registry import Schema
 
     return Schema(json.dumps(version.raw), "AVRO")
@@ -229,6 +246,41 @@ def schema_by_id(url: str, schema_id: int) -> SchemaVersion:
     with _lock:
         _schemas[(url, schema_id)] = version
     return version
+
+
+def compatibility_verdict(url: str, subject: str, version: SchemaVersion) -> tuple[bool, str]:
+    """Whether the registry would accept ``version`` under ``subject`` at the subject's
+    compatibility level, and its reason when not (``verbose=true``: Confluent answers
+    ``messages``, Apicurio ``reason``; confluent-kafka's client keeps only the boolean,
+    so the request goes through its REST client). ``mock://`` judges nothing: True.
+
+    Raises:
+        RegistryError: the registry refused the request or did not answer.
+    """
+    if url.startswith("mock://"):
+        return True, ""
+    client = registry_client(url)
+    try:
+        answer = client._rest_client.post(
+            f"compatibility/subjects/{_quote(subject)}/versions?verbose=true",
+            body=avro_schema(version).to_dict(),
+        )
+    except Exception as exc:  # SchemaRegistryError or a transport error
+        raise registry_failure(
+            exc, url=url, subject=subject, version=version.label, doing="test"
+        ) from exc
+    if answer.get("is_compatible", False):
+        return True, ""
+    said = answer.get("messages") or answer.get("reason") or "no reason given"
+    if isinstance(said, list):
+        said = "; ".join(str(m) for m in said)
+    return False, scrub(" ".join(str(said).split()), url_secrets(url))
+
+
+def _quote(subject: str) -> str:
+    from urllib.parse import quote
+
+    return quote(subject, safe="")
 
 
 class RegistryBinding:

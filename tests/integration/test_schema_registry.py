@@ -1,0 +1,260 @@
+"""Registry-backed Avro end to end on Apache Kafka and a real registry (issue 52).
+
+Apicurio Registry (Confluent API, BACKWARD global rule) runs once per session
+(``schema_registry`` fixture); each test uses its own topics, hence its own subjects.
+Workers are real subprocesses where the exit code and the last line matter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from agents_stream import App
+from agents_stream.durable.identity import args_digest, function_id
+from agents_stream.durable.journal import ActionRef, CallEntry, CallStatus
+from agents_stream.durable.keys import entry_key_bytes
+from agents_stream.kafka.admin import TopicAdmin, compacted
+from agents_stream.serde.avro import AvroSerde
+from agents_stream.serde.errors import SchemaRefused
+from agents_stream.serde.journal import JournalCodec
+from agents_stream.serde.registry import RegistryBinding, ensure_registered, registry_client
+from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, SchemaVersion, load_versions
+from agents_stream.serde.values import value_codec
+from agents_stream.testing import LiveWorker
+from agents_stream.testing.kafka import _free_ports
+from agents_stream.testing.topics import create_topics, read_topic, wait_for_records
+from tests.apps import registry_app
+
+pytestmark = [pytest.mark.broker, pytest.mark.kafka_only]
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.apps.registry_app:app"
+
+
+def _env(registry: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTS_STREAM_")}
+    env["AGENTS_STREAM_SCHEMA_REGISTRY"] = registry
+    env.update(extra)
+    return env
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agents_stream", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 0})
+    try:
+        for _ in range(20):  # the group's coordinator may still be loading (NOT_COORDINATOR)
+            try:
+                found = consumer.committed(
+                    [TopicPartition(topic, p) for p in range(partitions)], 10
+                )
+            except KafkaException:
+                time.sleep(0.5)
+                continue
+            return [tp.offset for tp in found if tp.offset >= 0]
+        raise AssertionError(f"no committed offsets of group {group} in 10 s")
+    finally:
+        consumer.close()
+
+
+# -- start-up: a refused, unreachable or missing schema stops the worker in one line ---------
+
+
+@pytest.mark.parametrize("case", ["refused", "unreachable", "missing"])
+def test_worker_stops_at_startup_on_registry_errors(
+    case: str, broker: Any, schema_registry: Any, topic_factory: Any, tmp_path: Path
+) -> None:
+    app_id, inp, out = topic_factory("app"), topic_factory("in"), topic_factory("out")
+    url = schema_registry.url
+    extra = {"AS_APP_ID": app_id, "AS_INPUT": inp, "AS_OUTPUT": out}
+    create_topics(broker.bootstrap, [inp], partitions=2)
+    orders = value_codec(registry_app.ORDER_V2, registry_url=url, topic=inp)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 0})
+    for i in range(5):
+        producer.produce(inp, orders.encode({"order": f"o{i}", "amount": 1.5, "currency": "EUR"}))
+    assert producer.flush(30) == 0
+    if case == "refused":
+        # The output subject holds a Receipt without `currency`; the app's Receipt adds it
+        # without a default: BACKWARD refuses it (it cannot read the old records).
+        old = dict(registry_app.RECEIPT, fields=registry_app.RECEIPT["fields"][:2])
+        ensure_registered(url, f"{out}-value", SchemaVersion.from_raw(old))
+        phrases = [f"{out}-value", "output schema of agent Billing", "refused", "HTTP 409"]
+    elif case == "unreachable":
+        url = f"http://127.0.0.1:{_free_ports(1)[0]}/apis/ccompat/v7"
+        phrases = [f"{app_id}-action-state-value", "unavailable", "ActionState v"]
+    else:
+        extra["AGENTS_STREAM_KAFKA_SCHEMA_REGISTRY_AUTO_REGISTER_SCHEMAS"] = "false"
+        phrases = [f"{app_id}-action-state-value", "could not look up", "HTTP 404"]
+    started = time.monotonic()
+    proc = _cli(
+        "worker", "-A", APP, "--broker", broker.url, "--data-dir", str(tmp_path / "data"),
+        env=_env(url, **extra),
+    )  # fmt: skip
+    took = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert "Traceback" not in output, output
+    assert sum("CRITICAL" in line for line in lines) == 1, output
+    last = lines[-1]
+    assert "CRITICAL" in last and "worker stopped: schema registry" in last, output
+    for phrase in phrases:
+        assert phrase in last, last
+    assert took < 30, took
+    # Before any partition was taken: nothing dead-lettered, nothing committed.
+    assert read_topic(broker.bootstrap, f"{inp}-dlq") == []
+    assert _committed(broker.bootstrap, app_id, inp, 2) == []
+
+
+# -- the record path: evolution, upgrade of the journal schema, bad records, tail ------------
+
+
+def _write_v5_journal(url: str, bootstrap: str, app_id: str, inp: str, offset: int) -> None:
+    """What a deploy on ActionState v5 left for the input at ``offset`` (partition 0): the
+    `to_cents` call journaled with a result the code would never compute, Confluent-framed
+    with v5's id under the journal's subject."""
+    versions = load_versions(JOURNAL_RECORD_TYPE)
+    v5 = next(v for v in versions if v.version == 5)
+    subject = f"{app_id}-action-state-value"
+    codec = JournalCodec(AvroSerde(versions, writer=v5, registry=RegistryBinding(url, subject)))
+    ref = ActionRef("k0", offset, "Billing.bill#0", 0, inp)
+    amount = 1.0
+    entry = CallEntry(
+        ref,
+        0,
+        function_id(registry_app.to_cents),
+        args_digest((amount,), {}),
+        CallStatus.SUCCEEDED,
+        json.dumps(4242).encode(),
+        call_id=ref.call_id(app_id, 0),
+    )
+    producer = Producer({"bootstrap.servers": bootstrap, "log_level": 0})
+    value = codec.encode(entry)
+    assert value[:1] == b"\x00"
+    producer.produce(f"{app_id}-action-state", key=entry_key_bytes(entry), value=value, partition=0)
+    assert producer.flush(30) == 0
+
+
+def test_v1_producer_v2_reader_journal_upgrade_and_bad_records(
+    broker: Any, schema_registry: Any, topic_factory: Any, worker_factory: Any
+) -> None:
+    url = schema_registry.url
+    app_id, inp, out = topic_factory("app"), topic_factory("in"), topic_factory("out")
+    extra = {"AS_APP_ID": app_id, "AS_INPUT": inp, "AS_OUTPUT": out}
+    create_topics(broker.bootstrap, [inp], partitions=1)
+    TopicAdmin(broker.bootstrap).ensure([compacted(f"{app_id}-action-state", 1)])
+
+    # v1 producer: the CLI, through the app's codec with the v1 reader schema.
+    v1 = _cli(
+        "produce", inp, "-A", APP, "--broker", broker.url, "--timeout", "30",
+        'k0={"order": "o0", "amount": 1.0}', 'k1={"order": "o1", "amount": 2.5}',
+        env=_env(url, AS_ORDER_VERSION="1", **extra),
+    )  # fmt: skip
+    assert v1.returncode == 0, v1.stderr
+    # v2 producer (currency added with a default): BACKWARD accepts it.
+    v2 = value_codec(registry_app.ORDER_V2, registry_url=url, topic=inp)
+    v1_id = ensure_registered(url, f"{inp}-value", SchemaVersion.from_raw(registry_app.ORDER_V1))
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 0})
+    producer.produce(inp, v2.encode({"order": "o2", "amount": 3.0, "currency": "USD"}), key=b"k2")
+    # Bad records: a schema id the registry does not know; a body cut short.
+    producer.produce(inp, b"\x00" + (987654).to_bytes(4, "big") + b"\x02x", key=b"bad-id")
+    producer.produce(inp, b"\x00" + v1_id.to_bytes(4, "big") + b"\x08o", key=b"bad-body")
+    producer.produce(inp, v2.encode({"order": "o5", "amount": 1.0, "currency": "GBP"}), key=b"k5")
+    assert producer.flush(30) == 0
+    # The journal of input 0 as a v5 deploy left it: replayed, not executed.
+    _write_v5_journal(url, broker.bootstrap, app_id, inp, offset=0)
+
+    worker = worker_factory(APP, _env(url, **extra))
+    outs = wait_for_records(broker.bootstrap, out, 4, timeout=90)
+    # Another Confluent client reads the outputs: magic byte, id, Avro body.
+    client = registry_client(url)
+    deserialize = AvroDeserializer(client)
+    ctx = SerializationContext(out, MessageField.VALUE)
+    receipts = {r.key: deserialize(r.value, ctx) for r in outs}
+    assert receipts == {
+        "k0": {"order": "o0", "amount_cents": 4242, "currency": "EUR"},  # v5 journal replayed
+        "k1": {"order": "o1", "amount_cents": 250, "currency": "EUR"},  # v1 record, default
+        "k2": {"order": "o2", "amount_cents": 300, "currency": "USD"},
+        "k5": {"order": "o5", "amount_cents": 100, "currency": "GBP"},
+    }, worker.log()
+    dead = {r.key: r.headers for r in wait_for_records(broker.bootstrap, f"{inp}-dlq", 2)}
+    assert sorted(dead) == ["bad-body", "bad-id"]
+    assert b"schema id 987654 not found" in dead["bad-id"]["x-error-message"]
+    assert b"corrupt" in dead["bad-body"]["x-error-message"]
+    assert {h["x-error-stage"] for h in dead.values()} == {b"decode"}
+    assert worker.alive, worker.log()
+    # The journal topic holds both versions' records, each framed with its registry id.
+    journal = [r.value for r in read_topic(broker.bootstrap, f"{app_id}-action-state") if r.value]
+    ids = {int.from_bytes(v[1:5], "big") for v in journal}
+    assert all(v[:1] == b"\x00" for v in journal) and len(ids) == 2, ids
+
+    # tail without -A decodes registry-framed values by their writer's id.
+    tail = _cli(
+        "tail", out, "--broker", broker.url, "--max", "4", "--timeout", "30", "--json",
+        env=_env(url),
+    )  # fmt: skip
+    assert tail.returncode == 0, tail.stderr
+    shown = sorted(json.loads(line)["value"]["amount_cents"] for line in tail.stdout.splitlines())
+    assert shown == [100, 250, 300, 4242]
+    assert worker.terminate() == 0, worker.log()
+
+
+# -- a refusal at write time is not a dead letter --------------------------------------------
+
+
+def test_refusal_at_write_time_stops_without_dead_letters(
+    broker: Any, schema_registry: Any, topic_factory: Any, tmp_path: Path
+) -> None:
+    """What issue 52 found: the journal's subject at FULL holding v1-v3, a worker that
+    registers nothing at start-up (the in-process Worker, as before this fix) meets the
+    refusal on its first journal write. Before: every record dead-lettered. Now: the
+    worker stops on the first, naming the subject and the server's reason; nothing is
+    dead-lettered or committed."""
+    url = schema_registry.url
+    app_id, inp = topic_factory("app"), topic_factory("in")
+    subject = f"{app_id}-action-state-value"
+    client = registry_client(url)
+    client.set_compatibility(subject, "FULL")
+    for version in load_versions(JOURNAL_RECORD_TYPE)[:3]:
+        ensure_registered(url, subject, version)
+    app = App(app_id, schema_registry_url=url, commit_interval=0.2)
+    app.agent(registry_app.Billing, input=inp, output=topic_factory("out"))
+    create_topics(broker.bootstrap, [inp], partitions=1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 0})
+    for i in range(8):
+        producer.produce(inp, json.dumps({"order": f"o{i}", "amount": 1.0}).encode(), key=b"k")
+    assert producer.flush(30) == 0
+    live = LiveWorker(app, broker=broker.url, data_dir=tmp_path / "data").start()
+    try:
+        assert live.worker is not None
+        deadline = time.monotonic() + 60
+        while live.worker.fatal is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        fatal = live.worker.fatal
+        assert isinstance(fatal, SchemaRefused), fatal
+        assert fatal.subject == subject and "HTTP 409" in fatal.reason
+        assert "reader union lacking writer type" in str(fatal)
+    finally:
+        live.stop()
+    assert read_topic(broker.bootstrap, f"{inp}-dlq") == []
+    assert _committed(broker.bootstrap, app_id, inp, 1) == []
