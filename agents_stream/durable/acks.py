@@ -1,9 +1,16 @@
-"""Awaiting acknowledgements from another thread, cheaply.
+"""Awaiting acknowledgements: how the core waits for the journal's acks.
 
 ``asyncio.wrap_future`` wakes the event loop once per future (a self-pipe write per
 journal ack). Acks arrive in bursts, one burst per producer poll, so :func:`acked`
 coalesces them: the first ack of a burst schedules one loop callback that resolves every
 ack that arrived meanwhile.
+
+Where the acks come from is the host's: :class:`AckServing` is the port the core is
+handed (``ContextConfig.acks``). A worker's event loop serves its producer's delivery
+reports itself, between its callbacks (``kafka/producer.py``): a long synchronous stretch
+of the loop (hundreds of actions started) asks it to serve the reports that are due, and
+a thread that must block for an ack waits through it, since on the loop's thread nobody
+else would resolve it. Other hosts have a poll thread; :data:`NO_SERVING` is theirs.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import asyncio
 import weakref
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -90,3 +97,28 @@ def acked(fut: Future[T]) -> asyncio.Future[T]:
             waker = _wakers[loop] = _Waker(loop)
         _last = waker
     return waker.wrap(fut)
+
+
+class AckServing(Protocol):
+    """Where delivery reports are served, as the core needs it."""
+
+    def serve_due(self) -> None:
+        """Between two pieces of a long synchronous stretch: serve the reports that are
+        due if this thread is the one serving them (else nothing)."""
+
+    def wait(self, fut: Future[T], timeout: float | None = None) -> T:
+        """Block this thread until ``fut`` is resolved (serving the reports meanwhile if
+        this thread is the one serving them); its result, or raise its exception."""
+
+
+class _NoServing:
+    """Reports served by a thread of their own: nothing to serve here, a plain wait."""
+
+    def serve_due(self) -> None:
+        pass
+
+    def wait(self, fut: Future[T], timeout: float | None = None) -> T:
+        return fut.result(timeout)
+
+
+NO_SERVING: AckServing = _NoServing()

@@ -44,8 +44,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from ..agent import learn_calls_sync
 from ..events import Event, OutputEvent
-from .ackfuture import serve_due
-from .acks import acked
+from .acks import NO_SERVING, AckServing, acked
 from .bridge import await_, bridged, carrier
 from .callable import DurableCallable, RetryPolicy
 from .errors import (
@@ -103,7 +102,7 @@ _PLANS: dict[Any, tuple[str, Callable[..., Any], CallShape, bool]] = {}
 # Async actions are tasks of their own: under load one loop round resumes hundreds of
 # them, each journaling its next call, and the reports that come back meanwhile waited
 # for the round to end (p50 over 5 ms). Every 16 results journaled, the loop serves the
-# reports that are due (ackfuture.serve_due; a sync action's batch does the same).
+# reports that are due (``ContextConfig.acks``; a sync action's batch does the same).
 _ASYNC_RESULTS = itertools.count()
 
 
@@ -146,6 +145,8 @@ class ContextConfig:
     # The host's partition holds (durable/ownership.py): every code block checks its
     # action's lease before it starts. None: a host that owns no partitions.
     ownership: Ownership | None = None
+    # Where the journal's acks are served (durable/acks.py): the host's producer.
+    acks: AckServing = NO_SERVING
 
 
 @dataclass
@@ -508,7 +509,7 @@ class RunnerContext:
                 entry, refusal = self._outcome(index, call, started, result, attempts + tries)
                 appended = self._append(entry)
                 if next(_ASYNC_RESULTS) & 15 == 15:
-                    serve_due()
+                    self._config.acks.serve_due()
                 await acked(appended)
                 if refusal is not None:
                     raise refusal
@@ -623,14 +624,13 @@ class RunnerContext:
             executor, ctx.run, _run_guarded, target, args, kwargs, flight
         )
 
-    @staticmethod
-    def _wait(fut: Future[None]) -> None:
+    def _wait(self, fut: Future[None]) -> None:
         """Wait for a journal ack: suspended on the loop when the action is bridged,
         blocking this thread otherwise."""
         if bridged():
             await_(fut)
         else:
-            fut.result()
+            self._config.acks.wait(fut)
 
     # -- slot bookkeeping -----------------------------------------------------------
     def _describe(

@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from greenlet import GreenletExit
 
+from ..ackfuture import then
 from ..errors import PartialSendError, RecordRefusedError
-from .ackfuture import serve_due, then
 from .acks import acked
 from .bridge import Finished, _Bridged, release, run_coroutine_bridged, start
 from .journal import ActionDone, ActionRef
@@ -66,7 +66,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("agents_stream.durable")
 
 # Every 16 actions started or resumed, delivery reports that are due are served (where
-# the loop serves them, see ackfuture.serve_due); a mask, as the check runs per record.
+# the loop serves them: ContextConfig.acks, durable/acks.py); a mask, as the check runs
+# per record.
 _SERVE_EVERY = 15
 
 
@@ -159,6 +160,7 @@ class RecordLane(Generic[T]):
         self._open += len(tickets)
         context = contextvars.copy_context()
         failed: list[tuple[T, Exception]] = []
+        serve_due = self._runner.config.acks.serve_due
         for n, ticket in enumerate(tickets):
             if n & _SERVE_EVERY == _SERVE_EVERY:
                 serve_due()  # hundreds of actions started: acks meanwhile
@@ -514,6 +516,7 @@ class RecordLane(Generic[T]):
         incoming = self._incoming
         while incoming:
             ready.append(incoming.popleft())
+        serve_due = self._runner.config.acks.serve_due
         for n, (handler, arg) in enumerate(ready):
             if n & _SERVE_EVERY == _SERVE_EVERY:
                 serve_due()

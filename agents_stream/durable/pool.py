@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, TypeVar
 
-from .ackfuture import AckFuture
+from ..ackfuture import AckFuture
 from .acks import acked
 
 T = TypeVar("T")

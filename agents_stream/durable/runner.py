@@ -42,10 +42,10 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from ..ackfuture import then
 from ..agent import ActionSpec, Agent
 from ..errors import PartialSendError
 from ..events import Event, EventError, InputEvent, TimerEvent
-from .ackfuture import then
 from .acks import acked
 from .bridge import run_bridged, run_coroutine_bridged
 from .context import ContextConfig, RunnerContext

@@ -14,8 +14,8 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 
+from ..ackfuture import AckFuture, resolved
 from ..errors import KafkaIOError, PartialSendError
-from .ackfuture import AckFuture, resolved
 from .journal import ActionDone
 
 

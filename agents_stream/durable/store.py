@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 
-from .ackfuture import AckFuture, resolved
+from ..ackfuture import AckFuture, resolved
 from .journal import (
     ActionDone,
     ActionRef,

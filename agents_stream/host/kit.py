@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..durable.acks import NO_SERVING
 from ..durable.context import ContextConfig
 from ..durable.journal import InputProgress
 from ..durable.ownership import Ownership
@@ -146,6 +147,9 @@ class DurableHost:
             strict=app.strict_determinism,
             executor=executor,
             ownership=ownership,
+            # The journal's acks are the producer's delivery reports (a worker's loop
+            # serves them itself, durable/acks.py).
+            acks=self.producer or NO_SERVING,
         )
         if store is None and self.producer is not None:
             store = KafkaActionStateStore(

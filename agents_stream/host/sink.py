@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from ..durable.ackfuture import AckFuture
+from ..ackfuture import AckFuture
 from ..durable.journal import ActionDone
 from ..durable.output_identity import OUTPUT_HEADER, output_prefix
 from ..durable.ownership import Ownership

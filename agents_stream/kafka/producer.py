@@ -26,28 +26,23 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from ..durable.ackfuture import (
-    AckFuture,
-    serve_when_due,
-    serve_while_blocked,
-    stop_serving_when_due,
-    stop_serving_while_blocked,
-)
+from ..ackfuture import AckFuture
 from ..durable.ownership import OwnershipLost
 from ..errors import KafkaIOError, RecordRefusedError
 
 AckHook = Callable[[list["Ack"]], None]
+T = TypeVar("T")
 
 # A loop serving reports polls this often while records await their reports, and waits
 # at most this long for a send when none do.
 LOOP_SERVE_S = 0.001
 LOOP_IDLE_S = 0.05
 # A long synchronous stretch of the serving loop serves reports in between once the last
-# round is this old (ackfuture.serve_due): fewer, larger rounds than every LOOP_SERVE_S.
+# round is this old (serve_due): fewer, larger rounds than every LOOP_SERVE_S.
 DUE_AFTER_S = 0.003
 
 
@@ -212,14 +207,13 @@ class AckingProducer:
         """Serve delivery reports from ``loop`` (running on ``thread``) instead of a poll
         thread: a task of the loop polls every millisecond while records await their
         reports (after every loop round while reports keep coming), and a long stretch
-        of the loop serves them in between (``ackfuture.serve_due``). A blocking wait for
-        an ack on ``thread`` (an ``AckFuture.result()``) serves them itself meanwhile. Call before :meth:`close`; if the poll thread was
-        started already, it hands over."""
+        of the loop serves them in between (:meth:`serve_due`). A blocking wait for an
+        ack on ``thread`` must go through :meth:`wait`, which serves them meanwhile. This
+        producer is the core's ``AckServing`` port (durable/acks.py). Call before
+        :meth:`close`; if the poll thread was started already, it hands over."""
         with self._lock:
             self._loop, self._server = loop, thread
             started = self._producer is not None
-        serve_while_blocked(thread, self._serve_once)
-        serve_when_due(thread, self._serve_if_due)
         if not started:
             return
         poller = self._thread
@@ -244,13 +238,15 @@ class AckingProducer:
         self._rounds += 1
         return served
 
-    def _serve_if_due(self) -> None:
-        """A round now if the last one is over ``DUE_AFTER_S`` old (``serve_due``); not
+    def serve_due(self) -> None:
+        """On the thread that serves the reports (:meth:`serve_on`), in a long stretch of
+        its other work: a round now if the last one is over ``DUE_AFTER_S`` old; not
         from inside a round (a callback of a report), which would resolve later acks
-        before the earlier ones it is resolving."""
+        before the earlier ones it is resolving. Elsewhere nothing."""
         producer = self._producer
         if (
             producer is None
+            or self._server is not threading.current_thread()
             or self._in_round
             or self._serving_done.is_set()
             or time.monotonic() - self._last_round < DUE_AFTER_S
@@ -258,6 +254,18 @@ class AckingProducer:
         ):
             return
         self._serve_once()
+
+    def wait(self, fut: Future[T], timeout: float | None = None) -> T:
+        """Block until ``fut`` is resolved: on the thread that serves the reports, by
+        serving them (nobody else would resolve it), elsewhere a plain wait."""
+        if fut.done() or self._server is not threading.current_thread():
+            return fut.result(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not fut.done():
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError()
+            self._serve_once(0.005)
+        return fut.result()
 
     async def _serve(self) -> None:
         producer = self._producer
@@ -586,8 +594,6 @@ class AckingProducer:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._loop is not None and self._server is not None:
-            stop_serving_while_blocked(self._server, self._serve_once)
-            stop_serving_when_due(self._server, self._serve_if_due)
             started = self._producer is not None
             if started and threading.current_thread() is not self._server:
                 self._serving_done.wait(timeout=1)  # its round in progress, then it stops

@@ -35,7 +35,6 @@ from typing import Any, cast
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
 
 from ..app import App
-from ..durable.ackfuture import serve_due
 from ..durable.ownership import Ownership
 from ..durable.pool import CodeBlockPool
 from ..durable.runner import RecordInput
@@ -387,6 +386,7 @@ class Worker:
             self._handle(await self._on_kafka(self._consume, min(slots, CONSUME_BATCH)))
 
     def _handle(self, msgs: list[Message]) -> None:
+        serve_due = self.producer.serve_due
         for n, msg in enumerate(msgs):
             if n & 63 == 63:
                 serve_due()  # hundreds of records dispatched: acks meanwhile

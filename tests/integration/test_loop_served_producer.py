@@ -44,7 +44,7 @@ def test_a_loop_serves_reports_and_blocking_waits_on_it_do_not_deadlock(broker, 
         assert threading.current_thread() is producer._server  # no poll thread started
         assert producer._thread is None
         # A blocking wait on the serving thread serves the report itself.
-        producer.send(topic, b"blocking", partition=0).result(timeout=30)
+        producer.wait(producer.send(topic, b"blocking", partition=0), timeout=30)
         # Idle (nothing in flight): the loop sleeps until a send kicks it.
         await asyncio.sleep(0.2)
         assert producer._idle
@@ -60,10 +60,6 @@ def test_a_loop_serves_reports_and_blocking_waits_on_it_do_not_deadlock(broker, 
     assert all(f.exception() is None for f in futures)
     assert not any(resolved_before_hook)  # hooks ran first, as with the poll thread
     assert len(read_topic(broker.bootstrap, topic)) == 203
-    # The loop's thread no longer serves this producer when blocked.
-    from agents_stream.durable import ackfuture
-
-    assert producer._serve_once not in ackfuture._servers.get(threading.get_ident(), [])
 
 
 def test_a_running_poll_thread_hands_over_to_the_loop(broker, topic_factory):
@@ -91,8 +87,6 @@ def test_a_long_synchronous_stretch_of_the_loop_serves_due_reports_in_order(brok
     must not resolve later acks before the earlier ones being resolved."""
     import time
 
-    from agents_stream.durable.ackfuture import serve_due
-
     topic = topic_factory("due")
     create_topics(broker.bootstrap, [topic], partitions=1)
     producer = AckingProducer(producer_config(broker.bootstrap))
@@ -109,7 +103,7 @@ def test_a_long_synchronous_stretch_of_the_loop_serves_due_reports_in_order(brok
             def noted(_: object, n: int = n) -> None:
                 order.append(n)
                 before = len(order)
-                serve_due()  # from inside a round: must not serve another one
+                producer.serve_due()  # from inside a round: must not serve another one
                 nested.append(len(order) - before)
 
             fut.add_done_callback(noted)
@@ -118,19 +112,17 @@ def test_a_long_synchronous_stretch_of_the_loop_serves_due_reports_in_order(brok
         deadline = time.monotonic() + 30
         while not all(f.done() for f in futures) and time.monotonic() < deadline:
             time.sleep(0.0005)
-            serve_due()
+            producer.serve_due()
         assert all(f.done() for f in futures), "acks waited for the stretch to end"
         await asyncio.get_running_loop().run_in_executor(None, producer.close)
 
     asyncio.run(main())
     assert order == list(range(50))
     assert set(nested) == {0}
-    serve_due()  # unregistered on close: a no-op
+    producer.serve_due()  # closed: a no-op
 
 
 def test_serve_due_does_nothing_on_a_thread_that_serves_no_reports(broker, topic_factory):
-    from agents_stream.durable.ackfuture import serve_due
-
     topic = topic_factory("due-elsewhere")
     create_topics(broker.bootstrap, [topic], partitions=1)
     producer = AckingProducer(producer_config(broker.bootstrap))
@@ -146,7 +138,7 @@ def test_serve_due_does_nothing_on_a_thread_that_serves_no_reports(broker, topic
     async def main() -> None:
         producer.serve_on(asyncio.get_running_loop(), threading.current_thread())
         fut = producer.send(topic, b"x", partition=0)
-        other = threading.Thread(target=serve_due)
+        other = threading.Thread(target=producer.serve_due)
         other.start()
         other.join()
         await acked(fut)

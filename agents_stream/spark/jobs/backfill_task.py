@@ -40,8 +40,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ...ackfuture import resolved
 from ...app import AgentBinding, App
-from ...durable.ackfuture import resolved
 from ...durable.errors import FATAL_ERRORS
 from ...durable.journal import ActionDone, JournalEntry
 from ...durable.keys import encode_identity, entry_key_bytes

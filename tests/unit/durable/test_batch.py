@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents_stream import Agent, Event, InputEvent, OutputEvent, RunnerContext, action
+from agents_stream.ackfuture import resolved
 from agents_stream.durable import bridge
-from agents_stream.durable.ackfuture import resolved
 from agents_stream.durable.context import ContextConfig
 from agents_stream.durable.journal import ActionDone, CallEntry
 from agents_stream.durable.lane import run_records
@@ -425,7 +425,7 @@ class _BrokerRefusingStore(InMemoryActionStateStore):
     ActionDone over the topic's max.message.bytes fails its whole group's ack."""
 
     def append(self, entries, partition):  # type: ignore[no-untyped-def]
-        from agents_stream.durable.ackfuture import AckFuture
+        from agents_stream.ackfuture import AckFuture
         from agents_stream.errors import RecordRefusedError
 
         if any(b"huge" in out for e in entries for out in getattr(e, "outputs", ())):
@@ -454,7 +454,7 @@ class _PartlyRefusingSink(Sink):
     takes_stored = False
 
     def send_batch(self, outputs):  # type: ignore[no-untyped-def]
-        from agents_stream.durable.ackfuture import AckFuture
+        from agents_stream.ackfuture import AckFuture
         from agents_stream.errors import PartialSendError, RecordRefusedError
 
         failed = {}

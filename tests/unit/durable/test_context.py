@@ -383,15 +383,22 @@ def test_corrupt_result_payload_names_the_slot():
 def test_async_results_serve_due_reports_every_sixteen_appends(monkeypatch):
     """Async actions are tasks of their own, and one loop round resumes hundreds of them
     under load: their results' appends serve the delivery reports that are due now and
-    then (``ackfuture.serve_due``), as a sync action's batch does, so that acks do not
-    wait for the round to end."""
-    from agents_stream.durable import context as context_module
-
+    then (``ContextConfig.acks.serve_due``), as a sync action's batch does, so that acks
+    do not wait for the round to end."""
     served: list[int] = []
-    monkeypatch.setattr(context_module, "serve_due", lambda: served.append(1))
+
+    class Serving:
+        def serve_due(self) -> None:
+            served.append(1)
+
+        def wait(self, fut, timeout=None):
+            return fut.result(timeout)
+
+    cfg = ContextConfig(app_id="app", worker_id="w1", codec=JSON, executor=POOL, acks=Serving())
 
     async def action(ctx):
         return [await ctx.execute_async(double, n) for n in range(48)]
 
-    assert asyncio.run(action(make_ctx(InMemoryActionStateStore()))) == [n * 2 for n in range(48)]
+    ctx = RunnerContext(REF, InMemoryActionStateStore(), cfg, {})
+    assert asyncio.run(action(ctx)) == [n * 2 for n in range(48)]
     assert len(served) == 3  # 48 results, one serve per 16 wherever the count stands

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agents_stream.ackfuture import AckFuture, resolved, then
 from agents_stream.durable import keys
-from agents_stream.durable.ackfuture import AckFuture, resolved, then
 from agents_stream.durable.acks import _Waker, acked
 from agents_stream.durable.journal import (
     ActionDone,

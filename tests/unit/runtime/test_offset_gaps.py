@@ -25,6 +25,11 @@ class Echo(Agent):
         pass
 
 
+class NoReports:
+    def serve_due(self) -> None:
+        pass
+
+
 def partition(first_expected: int = -1) -> tuple[Partition, list[int]]:
     seeks: list[int] = []
     part = Partition(
@@ -90,6 +95,7 @@ def test_a_failed_seek_lets_the_next_record_through(tmp_path, caplog) -> None:
         asyncio.run(run())
     worker._kafka.shutdown(wait=True)
     assert "seek back to 10 failed" in caplog.text
+    worker.producer = NoReports()  # type: ignore[assignment]
     worker._handle([])  # the batch ended
     assert part.accept(16, 0)  # fetched on from where it was: taken as real
     assert part._rewind is None

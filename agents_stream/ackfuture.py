@@ -12,13 +12,17 @@ It is a drop-in for the uses this library makes of futures: ``done``, ``result``
 ``exception`` (with timeouts), ``add_done_callback``, ``set_result``/``set_exception``,
 and ``asyncio.wrap_future``. ``concurrent.futures.wait``/``as_completed`` are not
 supported (they rely on the stock Future's internals).
+
+A leaf module: the durable core creates these (code blocks, groups of sends) and so do
+the Kafka adapters (a producer's delivery reports); neither owns the type. A blocking
+:meth:`result` just blocks: on a thread that serves a producer's reports, wait through
+the producer (``AckingProducer.wait``, the core's ``AckServing.wait``) instead.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from typing import Any, TypeVar
@@ -62,11 +66,6 @@ class AckFuture(Future[T]):
     def _wait(self, timeout: float | None) -> None:
         if self._ack_state == _DONE:
             return
-        if _servers:
-            serve = _servers.get(threading.get_ident())
-            if serve is not None:
-                self._serve_until_done(serve, timeout)
-                return
         with _LOCK:  # among waiting threads only: the resolver never takes it
             if self._event is None:
                 self._event = threading.Event()
@@ -77,16 +76,6 @@ class AckFuture(Future[T]):
             return
         if not event.wait(timeout):
             raise TimeoutError()
-
-    def _serve_until_done(self, serve: list[Serve], timeout: float | None) -> None:
-        """This thread serves delivery reports (an event loop's, see
-        ``AckingProducer.serve_on``): blocked here, nobody else would resolve this."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._ack_state != _DONE:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError()
-            for one in serve:
-                one(0.005)
 
     def result(self, timeout: float | None = None) -> T:
         self._wait(timeout)
@@ -145,64 +134,6 @@ class AckFuture(Future[T]):
             fn(self)
         except Exception:  # as the stock Future: a callback's bug is logged, not raised
             log.exception("exception calling callback for %r", self)
-
-
-Serve = Callable[[float], object]  # a producer's poll: what it returns is unused
-# Threads that serve delivery reports between other work (an event loop's thread): a
-# blocking wait for an ack there polls for them (``serve(timeout)``) instead of sleeping.
-_servers: dict[int, list[Serve]] = {}
-
-
-def _register(table: dict[int, list[Any]], thread: threading.Thread, serve: Any) -> None:
-    ident = thread.ident
-    if ident is None:
-        raise RuntimeError(f"{thread.name} has not started")
-    serves = table.setdefault(ident, [])
-    if serve not in serves:
-        serves.append(serve)
-
-
-def _unregister(table: dict[int, list[Any]], thread: threading.Thread, serve: Any) -> None:
-    serves = table.get(thread.ident or -1, [])
-    if serve in serves:
-        serves.remove(serve)
-    if not serves:
-        table.pop(thread.ident or -1, None)
-
-
-def serve_while_blocked(thread: threading.Thread, serve: Serve) -> None:
-    """Have a blocking :meth:`AckFuture.result` on ``thread`` call ``serve(timeout)``
-    until it is resolved (``thread`` is the only one serving some producer's reports)."""
-    _register(_servers, thread, serve)
-
-
-def stop_serving_while_blocked(thread: threading.Thread, serve: Serve) -> None:
-    _unregister(_servers, thread, serve)
-
-
-# Per serving thread: serve reports now if the last round is over a poll interval old.
-_due: dict[int, list[Callable[[], None]]] = {}
-
-
-def serve_when_due(thread: threading.Thread, serve: Callable[[], None]) -> None:
-    """Have :func:`serve_due` on ``thread`` call ``serve()``."""
-    _register(_due, thread, serve)
-
-
-def stop_serving_when_due(thread: threading.Thread, serve: Callable[[], None]) -> None:
-    _unregister(_due, thread, serve)
-
-
-def serve_due() -> None:
-    """Between two pieces of a long synchronous stretch on a thread that serves delivery
-    reports (a batch starting hundreds of actions on the event loop): serve the reports
-    that are due. Otherwise every ack, and the outputs chained on it, waits for the
-    stretch to end (milliseconds under load). Does nothing on other threads."""
-    if _due:
-        serves = _due.get(threading.get_ident())
-        if serves is not None:
-            for serve in serves:
-                serve()
 
 
 def then(first: Future[None], step: Callable[[], Future[None]]) -> Future[None]:
