@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from greenlet import GreenletExit
 
-from ..ackfuture import then
 from ..errors import PartialSendError, RecordRefusedError
 from .acks import acked
 from .bridge import Finished, _Bridged, release, run_coroutine_bridged, start
@@ -390,18 +389,14 @@ class RecordLane(Generic[T]):
         *,
         after: Callable[[], None] | None = None,
     ) -> None:
-        runner = self._runner
-        appended: Future[None] = runner.store.append([d for _, d, _ in part], partition)
-        journaled = appended
         sends = [(done, run.ctx.outputs) for run, done, _ in part if run.ctx.outputs]
-        if sends:
-            # The outputs are produced by the thread that resolves the ack, in its
-            # callback, before it dispatches any later delivery report: a released key's
-            # next record has its outputs produced in a later report's callback, so
-            # after these, whenever the loop hears of this ack.
-            appended = then(appended, partial(runner.send_outputs, sends, partition))
-            if self._release_early:
-                self._wait(acked(journaled), partial(self._group_released, part))
+        journaled, appended = self._runner.journal_then_send(
+            [d for _, d, _ in part], sends, partition
+        )
+        if sends and self._release_early:
+            # A released key's next record has its outputs produced after these (see
+            # ActionRunner.journal_then_send).
+            self._wait(acked(journaled), partial(self._group_released, part))
         done = partial(self._group_done, part, journaled)
         self._wait(acked(appended), done if after is None else partial(_and_then, done, after))
 

@@ -282,12 +282,10 @@ class ActionRunner:
         if not self.changes_key_state(done) and self.sink.threadsafe:
             # The common case in one wait: the outputs go out from the thread that sees
             # ActionDone acked, the emitted marker from the one that sees them acked.
-            appended = self.store.append([done], ref.partition)
-            if ctx.outputs:
-                sends = [(done, ctx.outputs)]
-                appended = then(appended, partial(self.send_outputs, sends, ref.partition))
+            sends = [(done, ctx.outputs)] if ctx.outputs else []
+            _, sent = self.journal_then_send([done], sends, ref.partition)
             try:
-                await acked(appended)
+                await acked(sent)
             except PartialSendError as exc:
                 raise exc.failed[0] from None  # its outputs that landed are marked
             outcome.outputs.extend(ctx.outputs)
@@ -375,6 +373,23 @@ class ActionRunner:
         else:
             await self._write_effects(done, base(), first=[done])
         await self._emit_once(done, outcome, ctx.outputs)
+
+    def journal_then_send(
+        self,
+        dones: list[ActionDone],
+        sends: list[tuple[ActionDone, list[Any]]],
+        partition: int,
+    ) -> tuple[Future[None], Future[None]]:
+        """The one way an action's end is written: its ActionDones (one record's, or a
+        group's, of ``partition``) in one append, then, once acked, the outputs of
+        ``sends`` in one send (:meth:`send_outputs`). Returns the append's ack and the
+        whole's. The outputs are produced by the thread that resolves the ack, in its
+        callback, before it dispatches any later delivery report: a key's next record
+        has its outputs produced after these, whenever the loop hears of this ack."""
+        journaled = self.store.append(dones, partition)
+        if not sends:
+            return journaled, journaled
+        return journaled, then(journaled, partial(self.send_outputs, sends, partition))
 
     def send_outputs(
         self, sends: list[tuple[ActionDone, list[Any]]], partition: int
