@@ -32,12 +32,17 @@ from tests.spark.conftest import official_connector
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.kafka_only]
 
-T0 = 1_700_000_000_000  # CreateTime of the first record; each next one a second later
+# CreateTime of the first record, each next one a second later: an hour ago, as Kafka
+# deletes records whose timestamps are older than retention.ms (7 days) at its next check.
+T0 = (int(time.time()) - 3600) * 1000
 
 
 def _create(bootstrap: str, topics: dict[str, dict[str, str]], partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = [NewTopic(name, partitions, 1, config=conf) for name, conf in topics.items()]
+    new = [
+        NewTopic(name, partitions, 1, config={"retention.ms": "-1", **conf})
+        for name, conf in topics.items()
+    ]
     for fut in admin.create_topics(new).values():
         fut.result(timeout=30)
 
@@ -149,6 +154,7 @@ def test_rows_equal_sparks_own_kafka_source(spark, broker, tmp_path) -> None:
     try:
         for name, options in cases.items():
             results = {}
+            print(f"\n{name}", end="", flush=True)
             for label, fmt in (("official", "kafka"), ("ours", SOURCE_NAME)):
                 df = spark.read.format(fmt).options(**base, **options).load()
                 started = time.perf_counter()

@@ -77,7 +77,14 @@ def test_reads_and_jobs_stop_at_the_last_stable_offset(spark, broker, topic_fact
     now_ms = int(time.time() * 1000)
     craft_anomalies(env, now_ms)  # 2 PENDING calls (1 stuck), a failure, a truncation...
     tx = _open_transaction(broker.bootstrap, app, env)
-    started = time.monotonic()
+    took: dict[str, float] = {}
+    clock = time.monotonic()
+
+    def lap(step: str) -> None:
+        nonlocal clock
+        took[step] = time.monotonic() - clock
+        clock = time.monotonic()
+
     try:
         # The source: ranges end where the transaction begins, and no task waits there.
         ends = {r.partition: r.end for r in plan_ranges(broker.bootstrap, env.input, **COMMITTED)}
@@ -88,29 +95,35 @@ def test_reads_and_jobs_stop_at_the_last_stable_offset(spark, broker, topic_fact
             json.dumps(v).encode() for _, v in normal_inputs(6)
         )
         assert read_kafka(spark, broker.bootstrap, env.input).count() == 8  # uncommitted: all
+        lap("source")
 
-        # The journal readers (Spark journal source and its shuffle path).
-        for opts in ({}, {"maxRecordsPerPartition": 2}):
-            keys = {r.key for r in read_journal(spark, broker.bootstrap, app, **COMMITTED, **opts)
-                    .select("key").collect()}  # fmt: skip
-            assert "s1" in keys and not keys & {"open0", "open1"}, opts
+        # The journal source, as reconcile and audit read it.
+        journal = read_journal(spark, broker.bootstrap, app, **COMMITTED)
+        keys = {r.key for r in journal.select("key").collect()}
+        assert "s1" in keys and not keys & {"open0", "open1"}
+        lap("journal readers")
 
         audit = run_audit(spark, app, broker.bootstrap, None, stuck_after_s=300, now_ms=now_ms)
         assert audit.summary["calls_pending"] == 2  # the open transaction's are not there
         assert audit.summary["stuck_calls"] == 1
+        lap("audit")
 
         backfill = run_backfill(spark, app, broker.bootstrap, output_path=tmp_path / "out")
         assert backfill.summary["records"] == 6
         assert backfill.summary["errors"] == 0
+        lap("backfill")
 
         ledger = tmp_path / "ledger.parquet"
         pd.DataFrame({"call_id": ["none"], "result": ["{}"]}).to_parquet(ledger)
         reconcile = run_reconcile(spark, app, broker.bootstrap, Ledger(str(ledger)), dry_run=True)
         assert reconcile.summary["pending"] == 2
         assert {d["key"] for d in reconcile.decisions} == {"s1", "s2"}
+        lap("reconcile")
     finally:
         tx.abort_transaction(30)
     print(
-        f"\nopen transaction on input, journal and output: source, journal readers, audit, "
-        f"backfill, reconcile read committed records only ({time.monotonic() - started:.1f}s)"
+        "\nopen transaction on input, journal and output: source, journal readers, audit, "
+        "backfill, reconcile read committed records only ("
+        + ", ".join(f"{k} {v:.1f}s" for k, v in took.items())
+        + ")"
     )

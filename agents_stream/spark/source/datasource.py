@@ -164,15 +164,16 @@ class KafkaRangeReader(DataSourceReader):
 
 
 def planned_range(partition: InputPartition | None) -> OffsetRange | None:
-    """The range of an input partition; ``None`` for the single call PySpark makes with
-    no partition when planning found none (a pattern matching no topic: 0 rows)."""
-    if partition is None:
+    """The range of an input partition; ``None`` for the single call PySpark makes with a
+    bare ``InputPartition(None)`` when planning found none (a pattern matching no topic:
+    0 rows, as in Spark)."""
+    if isinstance(partition, KafkaRangePartition):
+        return partition.range
+    if partition is None or getattr(partition, "value", 0) is None:
         return None
-    if not isinstance(partition, KafkaRangePartition):
-        raise KafkaSourceError(
-            f"expected an input partition planned by this source, got {type(partition).__name__}"
-        )
-    return partition.range
+    raise KafkaSourceError(
+        f"expected an input partition planned by this source, got {type(partition).__name__}"
+    )
 
 
 def read_kafka(

@@ -413,6 +413,10 @@ class KafkaSourceOptions:
             # time its prefetch queue fills up; a reader drains the queue as fast as it
             # can, so those pauses dominate a bulk read (90k -> 210k records/s locally).
             "fetch.queue.backoff.ms": "10",
+            # A fetch at the end of a partition, or at offsets holding only transaction
+            # markers, returns no record and so waits fetch.wait.max.ms (500 ms by
+            # default) before the EOF that ends planning and ranges: 0.56 -> 0.06 s a plan.
+            "fetch.wait.max.ms": "10",
             **self.kafka_conf,
         }
         conf.update(
