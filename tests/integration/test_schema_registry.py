@@ -257,4 +257,5 @@ def test_refusal_at_write_time_stops_without_dead_letters(
     finally:
         live.stop()
     assert read_topic(broker.bootstrap, f"{inp}-dlq") == []
-    assert _committed(broker.bootstrap, app_id, inp, 1) == []
+    # Nothing past the refused record: at most the start position (0) of the assignment.
+    assert _committed(broker.bootstrap, app_id, inp, 1) in ([], [0])
