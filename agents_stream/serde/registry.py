@@ -21,6 +21,7 @@ refuse them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import warnings
@@ -115,6 +116,10 @@ def registry_client(url: str) -> Any:
                     "fix the schema.registry.* settings"
                 ) from exc
             _clients[cache_key] = client
+            httpx_log = logging.getLogger("httpx")
+            if httpx_log.level == logging.NOTSET:
+                # One INFO line per registry request otherwise, in every worker's log.
+                httpx_log.setLevel(logging.WARNING)
         return client
 
 

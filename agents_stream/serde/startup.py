@@ -41,7 +41,7 @@ class WriterSchema:
 
     subject: str
     schema: SchemaVersion
-    what: str  # for messages: "ActionState v6", "output schema of agent Scoring"
+    what: str  # for messages: "ActionState v6", "output schema Score of agent Scoring"
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,9 @@ def writer_schemas(app: App) -> list[WriterSchema]:
         if binding.output and binding.output_schema is not None:
             schema = load_value_schema(binding.output_schema)
             subject = value_subject(binding.output, schema.raw, app.subject_name_strategy)
-            found.append(WriterSchema(subject, schema, f"output schema of agent {binding.name}"))
+            name = schema.raw.get("name", "") if isinstance(schema.raw, dict) else ""
+            what = f"output schema {name} of agent {binding.name}".replace("  ", " ")
+            found.append(WriterSchema(subject, schema, what))
     return found
 
 

@@ -101,7 +101,8 @@ class LiveWorker:
         codec = value_codec(
             binding.input_schema,
             registry_url=self.app.schema_registry_url,
-            subject=f"{binding.input}-value",
+            topic=binding.input,
+            strategy=self.app.subject_name_strategy,
         )
         assert self._producer is not None, "start() first"
         self._producer.produce(
@@ -119,7 +120,8 @@ class LiveWorker:
         codec = value_codec(
             binding.output_schema,
             registry_url=self.app.schema_registry_url,
-            subject=f"{binding.output}-value",
+            topic=binding.output,
+            strategy=self.app.subject_name_strategy,
         )
         deadline = time.monotonic() + timeout
         while True:

@@ -98,7 +98,7 @@ def test_worker_stops_at_startup_on_registry_errors(
         # without a default: BACKWARD refuses it (it cannot read the old records).
         old = dict(registry_app.RECEIPT, fields=registry_app.RECEIPT["fields"][:2])
         ensure_registered(url, f"{out}-value", SchemaVersion.from_raw(old))
-        phrases = [f"{out}-value", "output schema of agent Billing", "refused", "HTTP 409"]
+        phrases = [f"{out}-value", "output schema Receipt of agent Billing", "refused", "HTTP 409"]
     elif case == "unreachable":
         url = f"http://127.0.0.1:{_free_ports(1)[0]}/apis/ccompat/v7"
         phrases = [f"{app_id}-action-state-value", "unavailable", "ActionState v"]
