@@ -221,9 +221,12 @@ def run_backfill(
         snapshot = list(zip(pdf_state["key"], pdf_state["value"], strict=True))
         return pd.DataFrame(run_partition(task, partition, records, snapshot))
 
-    planned = planned_records(bootstrap, [binding.input], starting=starting, ending=ending)
+    # Planned at the isolation level of the reads, so the total is what they read.
+    planned = planned_records(
+        bootstrap, [binding.input], starting=starting, ending=ending, **isolation
+    )
     if use_journal and planned is not None:
-        planned += planned_records(bootstrap, [state_topic]) or 0
+        planned += planned_records(bootstrap, [state_topic], **isolation) or 0
     with step(spark, "backfill", f"run {binding.name} over {binding.input}", records=planned):
         results = (
             inputs.groupBy("partition")

@@ -193,11 +193,11 @@ def run_reconcile(
     """Settles PENDING calls of ``app`` from ``ledger`` (steps in the module docstring)."""
     if not (force or dry_run):
         check_stopped(bootstrap, app.id)
-    planned = planned_records(bootstrap, [app.action_state_topic])
+    isolation = {"kafka.isolation.level": "read_committed"} if app.exactly_once else {}
+    planned = planned_records(bootstrap, [app.action_state_topic], **isolation)
     with step(
         spark, "reconcile", f"find PENDING calls in {app.action_state_topic}", records=planned
     ):
-        isolation = {"kafka.isolation.level": "read_committed"} if app.exactly_once else {}
         journal = read_journal(spark, bootstrap, app, include_raw=True, **isolation)
         pending = journal.where("kind = 'call' AND status = 'PENDING'")
         match = "call_id" if ledger.match_on == "call_id" else "key"
