@@ -8,12 +8,12 @@ of ``--repeat`` after one warm-up), and checks both sources return the same rows
 (partition, offset, value lengths summed per partition).
 
 Run: ``PYSPARK_PYTHON=.venv/bin/python .venv/bin/python bench/bench_spark_official.py
-[--records 200000] [--master local[2]]`` (under the broker lock on a shared machine).
+[--records 200000] [--master local[2]]`` (under the broker lock on a shared machine);
+``make bench`` runs it with 50k records (``--quick``).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import tempfile
@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from common import parser as bench_parser
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -69,14 +70,15 @@ def best_of(repeat: int, fn: Callable[[], object]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--records", type=int, default=200_000)
+    parser = bench_parser(__doc__)
+    parser.add_argument("--records", type=int, default=None, help="default 200k (quick 50k)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--bootstrap", help="an Apache Kafka to use instead of starting one")
     args = parser.parse_args(argv)
+    args.records = args.records or (50_000 if args.quick else 200_000)
     official = connector_jars()
     if isinstance(official, str):
         print(f"skipped: {official}")
