@@ -68,7 +68,16 @@ class DeadLetter:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("dlq", help="show or replay dead letters of an app")
     sub = parser.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND", required=True)
-    show = sub.add_parser("show", help="print the dead letters of the app's inputs")
+    show = sub.add_parser(
+        "show",
+        help="print the dead letters of the app's inputs",
+        description=(
+            "Print the dead letters of each input (<input>-dlq), one line each: where the "
+            "record was (topic[partition]@offset; `dlq replay --offsets partition:offset` "
+            "takes it), its key, the stage that failed and the error. Reads each DLQ to its end with a throwaway consumer "
+            "(nothing is committed); waits up to --timeout (default 30 s) per DLQ."
+        ),
+    )
     add_app_args(show)
     _add_common(show)
     show.add_argument("--limit", type=int, default=None, help="print at most N per input")
@@ -102,7 +111,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "--topic", default=None, help="input topic (default: every input of the app)"
     )
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds to reach the end of a DLQ"
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long reading each DLQ to its end may take before the command gives up "
+        "with exit 1 (default: 30)",
     )
 
 

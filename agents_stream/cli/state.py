@@ -38,12 +38,32 @@ _SHORT = 60
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("state", help="inspect the ActionState topic of an app")
     sub = parser.add_subparsers(dest="state_command", metavar="SUBCOMMAND", required=True)
-    show = sub.add_parser("show", help="print the ActionStates of one key")
+    show = sub.add_parser(
+        "show",
+        help="print the ActionStates of one key",
+        description=(
+            "Print what the journal holds for one record key: per input record (seq) and "
+            "action, whether it completed, each code block's call index, function, status "
+            "and result or exception, truncations, the key's memory and pending timers. "
+            "Reads <app id>-action-state from the beginning to its end with a throwaway "
+            "consumer (nothing is committed); waits up to --timeout (default 30 s)."
+        ),
+    )
     add_app_args(show)
     show.add_argument("--key", required=True, help="record key (as str) to show")
     add_read_args(show)
     show.set_defaults(func=run_show)
-    stats = sub.add_parser("stats", help="count calls per action and status")
+    stats = sub.add_parser(
+        "stats",
+        help="count calls per action and status",
+        description=(
+            "Count the journal's live entries: per action, code blocks by status "
+            "(PENDING, SUCCEEDED, FAILED), completed runs and truncations; then the keys "
+            "with memory and the pending timers. Reads <app id>-action-state to its end "
+            "with a throwaway consumer (nothing is committed); waits up to --timeout "
+            "(default 30 s)."
+        ),
+    )
     add_app_args(stats)
     add_read_args(stats)
     stats.set_defaults(func=run_stats)

@@ -13,7 +13,12 @@ from ..errors import KafkaIOError
 
 def add_read_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds to reach the end of the topic"
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long reading the ActionState topic to its end may take before the "
+        "command gives up with exit 1 (default: 30)",
     )
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from agents_stream.cli.dlq import DeadLetter, _positions, _select, format_letter
@@ -42,3 +45,16 @@ def test_positions_are_partition_offset_pairs():
             _positions(bad)
     with pytest.raises(ConfigurationError, match="no dead letter of orders at 3:4"):
         list(_select([letter(0, *failed_at("orders", 1, 7, "x"))], "orders", {(3, 4)}))
+
+
+def test_reader_commands_describe_themselves_and_their_default_timeout():
+    for command in (["state", "show"], ["state", "stats"], ["dlq", "show"]):
+        text = subprocess.run(
+            [sys.executable, "-m", "agents_stream", *command, "--help"],
+            capture_output=True, text=True, timeout=60,
+        ).stdout  # fmt: skip
+        _, _, rest = text.partition("\n\n")
+        description = " ".join(rest.split("\n\n", 1)[0].split())  # argparse wraps lines
+        assert not description.startswith("options:"), f"{command}: no description\n{text}"
+        flat = " ".join(text.split())
+        assert "(default: 30)" in flat and "default 30 s" in description, (command, text)
