@@ -99,11 +99,12 @@ class AgentHost:
         try:
             value = None if raw is None else self._codec.decode(raw)
         except Exception as exc:
-            log.warning(
-                "undecodable record %s[%d]@%d (key %r) -> %s-dlq: %s",
-                msg.topic(), msg.partition(), msg.offset(), key, msg.topic(), exc,
-                extra=record_fields(msg.topic(), msg.partition(), msg.offset(), key),
-            )  # fmt: skip
+            if not isinstance(exc, RegistryError):  # not the record's: dead_letter stops
+                log.warning(
+                    "undecodable record %s[%d]@%d (key %r) -> %s-dlq: %s",
+                    msg.topic(), msg.partition(), msg.offset(), key, msg.topic(), exc,
+                    extra=record_fields(msg.topic(), msg.partition(), msg.offset(), key),
+                )  # fmt: skip
             return exc
         raw_headers = msg.headers()
         headers = {k: v for k, v in raw_headers if v is not None} if raw_headers else {}
