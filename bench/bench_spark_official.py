@@ -37,13 +37,23 @@ def produce(bootstrap: str, records: int, partitions: int, value_size: int) -> N
     for future in admin.create_topics([NewTopic(TOPIC, partitions, 1)]).values():
         future.result(timeout=30)
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000}
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10_000,
+            "log_level": "3",
+        }
     )
     payload = b"x" * value_size
     for i in range(records):
-        producer.produce(TOPIC, key=b"key-%d" % (i % 1000), value=payload, partition=i % partitions)
-        if i % 50_000 == 0:
-            producer.poll(0)
+        while True:
+            try:
+                producer.produce(
+                    TOPIC, key=b"key-%d" % (i % 1000), value=payload, partition=i % partitions
+                )
+                break
+            except BufferError:  # the queue is full until the new topic's leader is known
+                producer.poll(0.1)
     if producer.flush(120) != 0:
         raise SystemExit("records left unsent")
 

@@ -189,3 +189,47 @@ def test_assign_and_partial_json_offsets(broker, kafka_topic, produce) -> None:
     with pytest.raises(KafkaSourceOptionError, match="no partition 7"):
         plan(assign=json.dumps({topic: [7]}))
     assert len(plan(subscribe=topic, minPartitions=6)) == 6
+
+
+@pytest.mark.broker
+def test_spark_semantics_of_patterns_data_loss_and_open_transactions(broker, kafka_topic) -> None:
+    """Without Spark: a pattern is found anywhere in the name; failOnDataLoss=false cuts an
+    end past the partition's end; read_committed plans end at the last stable offset
+    while a transaction is open; timestamps are refused on the embedded broker."""
+    from confluent_kafka import Producer
+
+    topic = kafka_topic(1)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(5):
+        plain.produce(topic, value=b"%d" % i, partition=0)
+    assert plain.flush(30) == 0
+    tx = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"{topic}-tx"})
+    tx.init_transactions(30)
+    tx.begin_transaction()
+    for i in range(4):
+        tx.produce(topic, value=b"open-%d" % i, partition=0)
+    tx.flush(30)
+    try:
+        assert plan_ranges(broker.bootstrap, topic) == [OffsetRange(topic, 0, 0, 9)]
+        committed = plan_ranges(
+            broker.bootstrap, topic, **{"kafka.isolation.level": "read_committed"}
+        )
+        assert committed == [OffsetRange(topic, 0, 0, 5)]
+        assert plan_ranges(broker.bootstrap, "", subscribePattern=f"{topic[3:]}$") == plan_ranges(
+            broker.bootstrap, topic
+        )
+        assert plan_ranges(broker.bootstrap, "", subscribePattern=f"^{topic}-none") == []
+        lenient = {"failOnDataLoss": False}
+        assert plan_ranges(broker.bootstrap, topic, ending={topic: {0: 50}}, **lenient) == [
+            OffsetRange(topic, 0, 0, 9)
+        ]
+        assert plan_ranges(
+            broker.bootstrap, topic, starting={topic: {0: 40}}, ending={topic: {0: 50}}, **lenient
+        ) == [OffsetRange(topic, 0, 9, 9)]
+        with pytest.raises(KafkaSourceError, match="failOnDataLoss=false"):
+            plan_ranges(broker.bootstrap, topic, starting={topic: {0: 40}})
+        if broker.kind == "embedded":
+            with pytest.raises(KafkaSourceOptionError, match=r"^startingTimestamp: the embedded"):
+                plan_ranges(broker.bootstrap, topic, startingTimestamp=0)
+    finally:
+        tx.abort_transaction(30)
