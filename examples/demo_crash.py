@@ -30,6 +30,7 @@ from agents_stream.testing.topics import create_topics, produce, wait_for_record
 
 ORDERS = 12
 CRASH_AFTER = 4  # charges that complete before the one the worker dies in
+WAIT_LINES = (" of app payments ", "joining consumer group", "joined group", "; ready")
 
 
 def main() -> int:
@@ -99,6 +100,13 @@ def main() -> int:
                 raise
             time.sleep(1.0)  # late duplicates of receipts (outputs are at-least-once)
             second.terminate()
+            # What the new worker waited for between its start and its first record: the
+            # group join (the killed member's session must expire first) and the rebuild.
+            print("the new worker's log, from its start to ready:")
+            for line in second.log().splitlines():
+                if any(w in line for w in WAIT_LINES):
+                    print(f"  {line}")
+            print()
         return report(orders, receipts, ledger)
 
 

@@ -283,6 +283,15 @@ class Worker:
             on_revoke=self.rebalance.on_revoke,
             on_lost=self.rebalance.on_lost,
         )
+        # Issue 54: the worker is otherwise silent until the group assigns it partitions,
+        # which after a crash takes the dead member's session: say what it waits for.
+        log.info(
+            "joining consumer group %s: partitions come once the group rebalances (a member "
+            "that died without leaving holds its partitions until its session expires, "
+            "session.timeout.ms=%s)",
+            conf["group.id"],
+            conf.get("session.timeout.ms", 45000),
+        )
         for hook in self.setup_hooks:
             hook(self)
         start_watchdog(self.ownership, self._cancel, self._loop, self._suspected)

@@ -126,6 +126,14 @@ class Rebalance:
         started = time.monotonic()
         replayed = 0
         self._w.rebuilding = len(partitions)
+        if self._w.store is not None:
+            # Said before the rebuild, which can take a while (issue 54: what it waits for).
+            log.info(
+                "joined group %s: taking %s; rebuilding their journal cache from %s",
+                self._w.app.id,
+                _fmt(partitions),
+                self._w.store.topic,
+            )
         if self._w.store is not None:  # all new journal partitions caught up in one pass
             fresh = {
                 tp.partition
@@ -165,7 +173,7 @@ class Rebalance:
         self._w.rebuilding = 0
         self._w.stats["journal_records_replayed"] += replayed
         log.info(
-            "assigned %s (replayed %d journal records in %.2fs)",
+            "assigned %s (replayed %d journal records in %.2fs); ready: processing them",
             _fmt(partitions),
             replayed,
             time.monotonic() - started,
