@@ -112,33 +112,79 @@ def _quick_start(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def quick_start_script(port: int) -> str:
+    """The README's shell block for bash, as written but for the port (9092 may be taken
+    here). The block leaves the broker running (the README says `kill %1` ends it); the
+    trap does that when the script exits, pass or fail."""
+    shell = next(b for lang, b in README_BLOCKS if lang == "bash" and "agents-stream broker" in b)
+    cleanup = "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n"
+    return "set -euo pipefail\n" + cleanup + shell.replace("9092", str(port))
+
+
+def run_quick_start(
+    where: Path, bin_dir: Path, *, isolated: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """The quick start in ``where`` (holding triage.py) with ``bin_dir``'s commands first
+    on PATH; fails the test with the output unless it exits 0 with the README's outputs.
+    ``isolated``: no PYTHONPATH either (an installed wheel must not see the checkout)."""
+    from agents_stream.testing import free_port
+
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("AGENTS_STREAM_BROKER", None)
+    if isolated:
+        env.pop("PYTHONPATH", None)
+    result = subprocess.run(
+        ["bash", "-c", quick_start_script(free_port())], cwd=where, env=env,
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    said = result.stdout + result.stderr[-4000:]
+    assert result.returncode == 0, said
+    outputs = [ln for ln in result.stdout.splitlines() if ln.startswith("triaged[")]
+    # First tail: the first record's two outputs; the second, from the beginning, those
+    # again and the second record's two, the memory read back: "nth": 2.
+    assert len(outputs) == 6, said
+    assert '"label": "billing", "nth": 1' in outputs[0] and '"escalated"' in outputs[1]
+    assert outputs[2:4] == outputs[0:2], said
+    assert '"label": "billing", "nth": 2' in outputs[4] and '"escalated"' in outputs[5], said
+    assert "x-agents-stream-output=triage/tickets/" in outputs[0]
+    assert "committed records only" in result.stderr  # tail says what it reads
+    for line in ("joining consumer group triage", "rebuilding their journal cache", "ready"):
+        assert line in result.stderr, said  # the worker says what it waits for
+    assert "timers of" not in result.stderr  # no timers held: nothing armed is said
+    assert "stopped" in result.stderr  # the worker's last line: a clean stop
+    return result
+
+
 @pytest.mark.broker
 def test_quick_start_runs_as_written(tmp_path: Path):
     """The shell block, extracted, run by bash in the agent's directory with the venv's
-    commands first on PATH. Only the port changes (9092 may be taken here)."""
-    from agents_stream.testing import free_port
+    commands first on PATH."""
+    run_quick_start(_quick_start(tmp_path), Path(sys.executable).parent)
 
-    shell = next(b for lang, b in README_BLOCKS if lang == "bash" and "agents-stream broker" in b)
-    script = "set -euo pipefail\n" + shell.replace("9092", str(free_port()))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("AGENTS_STREAM_BROKER", None)
-    result = subprocess.run(
-        ["bash", "-c", script], cwd=_quick_start(tmp_path), env=env,
-        capture_output=True, text=True, timeout=180,
+
+def _pytest(where: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_triage.py"],
+        cwd=where, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    outputs = [ln for ln in result.stdout.splitlines() if ln.startswith("triaged[")]
-    assert len(outputs) == 2, result.stdout
-    assert '"label": "billing", "nth": 1' in outputs[0] and '"escalated"' in outputs[1]
-    assert "x-agents-stream-output=triage/tickets/" in outputs[0]
-    assert "stopped" in result.stderr  # the worker's last line: a clean stop
 
 
-def test_test_kit_example_runs(tmp_path: Path, monkeypatch):
+def test_test_kit_example_is_a_pytest_test(tmp_path: Path):
+    """Saved as test_triage.py beside triage.py, as the README says, and run by pytest
+    itself: its tests pass, and a wrong expectation is a failure (exit 1), not a
+    collection error (exit 2) nor "no tests ran" (exit 5)."""
     body = next(b for lang, b in README_BLOCKS if lang == "python" and "test_context()" in b)
-    monkeypatch.syspath_prepend(str(_quick_start(tmp_path)))
-    monkeypatch.delitem(sys.modules, "triage", raising=False)
-    exec(compile(body, "README.md test kit example", "exec"), {"__name__": "readme_test_kit"})
+    where = _quick_start(tmp_path)
+    (where / "test_triage.py").write_text(body)
+    passed = _pytest(where)
+    assert passed.returncode == 0 and "2 passed" in passed.stdout, passed.stdout
+    wrong = "assert (again.replayed, again.executed) == (1, 1)"
+    assert wrong in body
+    (where / "test_triage.py").write_text(body.replace(wrong, wrong[:-2] + "2)"))
+    failed = _pytest(where)
+    assert failed.returncode == 1, failed.stdout
+    assert "1 failed, 1 passed" in failed.stdout and " error" not in failed.stdout, failed.stdout
+    assert "assert (1, 1) == (1, 2)" in failed.stdout, failed.stdout
 
 
 def test_make_targets_exist():
