@@ -267,6 +267,7 @@ def read_dead_letters(bootstrap: str, topic: str, *, timeout: float = 30.0) -> l
         pending = {tp.partition for tp in parts}
         out: list[DeadLetter] = []
         deadline = time.monotonic() + timeout
+        ends: dict[int, int] = {}
         while pending:
             if time.monotonic() > deadline:
                 raise KafkaIOError(f"end of {topic!r} not reached in {timeout}s")
@@ -277,10 +278,14 @@ def read_dead_letters(bootstrap: str, topic: str, *, timeout: float = 30.0) -> l
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaIOError(f"reading {topic!r}: {err}", code=err.code())
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, msg.partition()), cached=True
-                )
-                if msg.offset() >= high:
+                # The high watermark as first seen (see host/output_log.py: read
+                # committed, the EOF stays below a high watermark that moves on).
+                end = ends.get(msg.partition())
+                if end is None:
+                    end = ends[msg.partition()] = consumer.get_watermark_offsets(
+                        TopicPartition(topic, msg.partition()), cached=True
+                    )[1]
+                if msg.offset() >= end:
                     pending.discard(msg.partition())
                 continue
             out.append(

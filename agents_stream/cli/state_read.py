@@ -61,6 +61,7 @@ def read_latest(
         partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
         consumer.assign(partitions)
         pending = {tp.partition for tp in partitions}
+        ends: dict[int, int] = {}
         live: dict[bytes, bytes] = {}
         deadline = time.monotonic() + timeout
         while pending:
@@ -75,10 +76,16 @@ def read_latest(
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaIOError(f"reading {topic!r}: {err}", code=err.code())
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, msg.partition()), cached=True
-                )
-                if msg.offset() >= high:
+                # The high watermark as first seen, not as it moves on: read_committed,
+                # the EOF comes at the last stable offset, below the current high
+                # watermark while exactly-once workers keep a transaction open (see
+                # host/output_log.py).
+                end = ends.get(msg.partition())
+                if end is None:
+                    end = ends[msg.partition()] = consumer.get_watermark_offsets(
+                        TopicPartition(topic, msg.partition()), cached=True
+                    )[1]
+                if msg.offset() >= end:
                     pending.discard(msg.partition())
                 continue
             key = msg.key() or b""

@@ -188,6 +188,16 @@ class OutputLog:
         its first record stamped after ``until_ms``: a closed read, which leaves the
         open read's positions alone), keeping the identities of ``parts``' outputs."""
         consumer = self._client()
+        # The end of each partition is its high watermark as first seen, not as it moves
+        # on: read ``read_committed``, a partition's EOF comes at its last stable offset,
+        # which stays below the current high watermark while any transaction is open
+        # there. With exactly-once workers writing all the time some always is, and a read
+        # that chased the moving high watermark never ended (30 s, then the outputs were
+        # sent again: duplicates, tests/fault/test_group_changes.py). The transactions
+        # open at the first EOF end within a commit interval (or the transaction timeout,
+        # a dead worker's), and then the EOF passes that mark. The mark is the fetch's
+        # (cached): the embedded broker's ListOffsets(latest) is not to be trusted.
+        ends: dict[int, int] = {}
         consumer.assign([TopicPartition(self.topic, p, o) for p, o in starts.items()])
         pending = set(starts)
         closed = until_ms is not None
@@ -209,10 +219,12 @@ class OutputLog:
                     if err is not None:
                         if err.code() != KafkaError._PARTITION_EOF:
                             raise KafkaIOError(f"reading {self.topic!r}: {err}", code=err.code())
-                        _, high = consumer.get_watermark_offsets(
-                            TopicPartition(self.topic, p), cached=True
-                        )
-                        if msg.offset() >= high:
+                        end = ends.get(p)
+                        if end is None:
+                            end = ends[p] = consumer.get_watermark_offsets(
+                                TopicPartition(self.topic, p), cached=True
+                            )[1]
+                        if msg.offset() >= end:
                             pending.discard(p)
                         continue
                     if closed:

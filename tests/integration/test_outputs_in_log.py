@@ -167,3 +167,63 @@ def test_output_log_reads_again_only_when_it_may_have_missed_something(broker, t
     finally:
         aged.close()
         unbounded.close()
+
+
+@pytest.mark.kafka_only
+def test_the_lookup_ends_while_exactly_once_writers_keep_a_transaction_open(broker, topic_factory):
+    """Read ``read_committed``, an output partition's end is its last stable offset,
+    which stays below the high watermark while a transaction is open there. Exactly-once
+    workers always have one open; a lookup that chased the moving high watermark never
+    ended, and after its timeout the outputs were sent again (2 duplicates in
+    tests/fault/test_group_changes.py). Two transactional producers here keep a
+    transaction open on the partition at every moment while the lookup runs: it ends,
+    and finds the committed output."""
+    import threading
+
+    from agents_stream.host.output_log import OutputLog
+
+    out = topic_factory("txn-out")
+    create_topics(broker.bootstrap, [out], partitions=1)
+    now = int(time.time() * 1000)
+    done = ActionDone(ActionRef("k", 5, ACTION, 0, "in"), finished_ms=now)
+    identity = f"app/in/0/5/{ACTION}/{now}/0"
+    plain = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 3})
+    plain.produce(out, b"{}", b"k", headers=[("x-agents-stream-output", identity)])
+    assert plain.flush(10) == 0
+
+    stop = threading.Event()
+    settings = {"bootstrap.servers": broker.bootstrap, "log_level": 3}
+    writers = [Producer({**settings, "transactional.id": f"{out}-{n}"}) for n in range(2)]
+    for writer in writers:
+        writer.init_transactions(30)
+    opened = threading.Barrier(2)
+
+    def keep_open(writer: Producer, first: bool) -> None:
+        # Each one's transaction spans the moment the other commits: overlapping.
+        opened.wait(10)
+        if not first:
+            time.sleep(0.15)
+        while not stop.is_set():
+            writer.begin_transaction()
+            writer.produce(out, b"other", b"x")
+            writer.flush(10)
+            time.sleep(0.3)
+            writer.commit_transaction(30)
+
+    threads = [
+        threading.Thread(target=keep_open, args=(w, n == 0), daemon=True)
+        for n, w in enumerate(writers)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)  # both writing
+    found = OutputLog(broker.bootstrap, out, "app", window_s=600, timeout=10)
+    try:
+        started = time.monotonic()
+        assert found.landed(done, [0]) == [0]
+        assert time.monotonic() - started < 5
+    finally:
+        found.close()
+        stop.set()
+        for thread in threads:
+            thread.join(15)
