@@ -266,7 +266,10 @@ def fetch_watermarks(
                     topic=topic,
                     partition=partition,
                 )
-            for msg in consumer.consume(num_messages=max(len(pending), 500), timeout=0.05):
+            # read_uncommitted needs one event per partition; read_committed reads on to
+            # the EOF (a whole partition on brokers whose ListOffsets says 0): batches.
+            wanted = max(len(pending), 500) if read_committed else len(pending)
+            for msg in consumer.consume(num_messages=wanted, timeout=0.05):
                 err = msg.error()
                 key = (msg.topic() or "?", -1 if msg.partition() is None else msg.partition())
                 if err is None:
