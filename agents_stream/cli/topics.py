@@ -14,21 +14,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+)
 from confluent_kafka import TopicPartition as TP
 
 from ..app import BROKER_ENV, App, normalize_broker
 from ..errors import AgentsStreamError, ConfigurationError
-from ..kafka.config import CONFIG_FILE_ENV, configure, producer_config, reader_config
+from ..kafka.admin import AUTHORIZATION_ERRORS, denied, refusal
+from ..kafka.config import CONFIG_FILE_ENV, configure, producer_config, reader_config, scrub
 from ..serde.registry import resolve_registry_url
 from ..serde.values import JsonValueCodec, RegistryValueReader, value_codec
 from .common import add_log_args, add_registry_arg, apply_registry, load_app, setup_logging
+from .topic_errors import CLIENT_MAX_BYTES, missing, produce_refusal, read_refusal, too_large
+
+log = logging.getLogger("agents_stream.cli")
 
 EPILOG = f"""\
 broker: --broker, else ${BROKER_ENV}, else App(broker=) of -A.
@@ -75,6 +87,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="NAME=VALUE",
         help="a header for every record (repeatable)",
     )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for the topic to exist and for every record to be "
+        "acknowledged (default: 30)",
+    )
     _add_client_args(p)
     p.set_defaults(func=run_produce)
 
@@ -85,7 +105,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Print TOPIC's records as they arrive, one line each: topic[partition]@offset, "
             "key, value (decoded with the App's codec with -A, else JSON or text) and "
             "headers (an output's x-agents-stream-output header is its identity). Reads "
-            "every partition without a consumer group and commits nothing. Runs until "
+            "every partition without a consumer group and commits nothing. Reads committed "
+            "records only (isolation.level=read_committed): what an exactly-once worker "
+            "wrote in a transaction shows once it commits, never if it aborts. Runs until "
             "interrupted, --max records, or --timeout seconds."
         ),
         epilog=EPILOG
@@ -105,6 +127,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t.add_argument("-n", "--max", type=int, default=None, help="stop after this many records")
     t.add_argument("--partition", type=int, default=None, help="only this partition")
     t.add_argument("--json", action="store_true", help="one JSON object per record")
+    t.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this long, exiting 1 if --max records were not read by then "
+        "(default: run until interrupted); also bounds the wait for the topic to exist "
+        "(default: 30)",
+    )
     _add_client_args(t)
     t.set_defaults(func=run_tail)
 
@@ -119,13 +150,6 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         default=os.environ.get(CONFIG_FILE_ENV),
         help=f"librdkafka properties file (default: ${CONFIG_FILE_ENV})",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds: produce waits this long for the topic and the acks (default 30); "
-        "tail stops after it (default: never)",
     )
     add_registry_arg(p)
     add_log_args(p)
@@ -166,27 +190,55 @@ def _codec(app: App | None, topic: str, registry: str | None = None) -> Any:
     return RegistryValueReader(url) if url else JsonValueCodec()
 
 
-def _partitions(bootstrap: str, topic: str, wait: float) -> list[int]:
-    """The topic's partitions, waiting up to ``wait`` s for it to exist."""
-    probe = Consumer(reader_config(bootstrap))
+def _client(kind: type[Any], conf: dict[str, Any]) -> Any:
+    """A librdkafka client; a property it rejects is one line, not a traceback."""
+    try:
+        return kind(conf)
+    except KafkaException as exc:
+        raise ConfigurationError(
+            f"Kafka client configuration rejected: {scrub(exc.args[0].str())}; fix "
+            "--kafka-config, AGENTS_STREAM_KAFKA_* or App(kafka_config)"
+        ) from exc
+
+
+def _partitions(bootstrap: str, topic: str, wait: float, need: str) -> list[int]:
+    """The topic's partitions, waiting up to ``wait`` s for it to exist (a worker creates
+    its topics as it starts). A refusal (login, TLS, ACL) ends the wait at once; ``need``
+    is the ACL operation the command needs beside Describe (Write, Read)."""
+    refused: list[str] = []
+
+    def on_error(err: KafkaError) -> None:
+        said = refusal(err, bootstrap)
+        if said is not None:
+            refused.append(said)
+
+    probe = _client(Consumer, reader_config(bootstrap, {"error_cb": on_error}))
     deadline = time.monotonic() + wait
     try:
         while True:
             try:
                 md = probe.list_topics(topic, timeout=min(5.0, max(wait, 0.5)))
-            except Exception as exc:
+            except KafkaException as exc:
+                probe.poll(0)  # serves error_cb: a refused login or certificate says why
                 raise ConfigurationError(
-                    f"cannot reach the Kafka cluster at {bootstrap}: {exc}; check --broker / "
-                    f"{BROKER_ENV}"
+                    refused[0]
+                    if refused
+                    else f"cannot reach the Kafka cluster at {bootstrap} "
+                    f"({scrub(exc.args[0].str())}): check --broker / {BROKER_ENV}"
                 ) from exc
             found = md.topics.get(topic)
             if found is not None and found.error is None and found.partitions:
                 return sorted(found.partitions)
-            if time.monotonic() >= deadline:
+            err = found.error if found is not None else None
+            if err is not None and err.code() in AUTHORIZATION_ERRORS:  # waiting cannot help
                 raise ConfigurationError(
-                    f"topic {topic!r} does not exist on {bootstrap} (waited {wait:.0f}s): "
-                    "start the worker that creates it, or create it (kafka-topics --create)"
+                    denied(
+                        f"describing topic {topic} ({scrub(err.str())})",
+                        f"Describe and {need} on topic {topic}",
+                    )
                 )
+            if time.monotonic() >= deadline:
+                raise ConfigurationError(missing(topic, bootstrap, f"waited {wait:g}s"))
             time.sleep(0.2)
     finally:
         probe.close()
@@ -242,25 +294,48 @@ def run_produce(args: argparse.Namespace) -> int:
                 records.append((key, codec.encode(value)))
             except (ValueError, AgentsStreamError) as exc:
                 raise ConfigurationError(f"{where}: {exc}") from None
-        timeout = 30.0 if args.timeout is None else args.timeout
-        partitions = _partitions(bootstrap, args.topic, timeout)
+        partitions = _partitions(bootstrap, args.topic, args.timeout, "Write")
         if args.partition is not None and args.partition not in partitions:
             raise ConfigurationError(
                 f"--partition {args.partition}: {args.topic} has partitions 0-{len(partitions) - 1}"
             )
-        sent = _send(bootstrap, args.topic, records, args.partition, headers, timeout)
+        sent = _send(bootstrap, args.topic, records, args.partition, headers, args.timeout)
     except AgentsStreamError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"produced {len(sent)} record(s) to {args.topic}: " + ", ".join(sent), flush=True)
+    print(landed_text(args.topic, sent), flush=True)
     return 0
+
+
+def landed_text(topic: str, landed: list[tuple[int, int]]) -> str:
+    """Where records landed, as offset ranges per partition: ``produced 1 record to t:
+    partition 3 offset 0``; with several partitions one line each (200 offsets on one
+    line are unreadable)."""
+    by_partition: dict[int, list[int]] = {}
+    for partition, offset in landed:
+        by_partition.setdefault(partition, []).append(offset)
+    rows = []
+    for partition in sorted(by_partition):
+        offsets = sorted(by_partition[partition])
+        spans, start = [], offsets[0]
+        for prev, cur in zip(offsets, [*offsets[1:], None], strict=True):
+            if cur != prev + 1:
+                spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+                start = cur if cur is not None else start
+        word = "offset" if len(offsets) == 1 else "offsets"
+        rows.append(f"partition {partition} {word} {', '.join(spans)}")
+    head = f"produced {len(landed)} record{'s' if len(landed) != 1 else ''} to {topic}"
+    if len(rows) == 1:
+        return f"{head}: {rows[0]}"
+    return f"{head}:\n" + "\n".join(f"  {row}" for row in rows)
 
 
 def _header(text: str) -> tuple[str, bytes]:
     name, sep, value = text.partition("=")
     if not sep or not name:
         raise ConfigurationError(f"--header {text!r}: expected NAME=VALUE")
-    return name, value.encode()
+    # surrogateescape: argv bytes that are not UTF-8 go out as they came in
+    return name, value.encode("utf-8", "surrogateescape")
 
 
 def _send(
@@ -270,36 +345,50 @@ def _send(
     partition: int | None,
     headers: list[tuple[str, bytes]],
     timeout: float,
-) -> list[str]:
+) -> list[tuple[int, int]]:
+    """Send every record, wait for the acks; (partition, offset) of each. The first
+    refusal, the client's (over its message.max.bytes) or the cluster's, is one line."""
     conf = producer_config(bootstrap)
     conf.pop("enable.idempotence", None)  # a tool: plain acks=all is enough
     conf["message.timeout.ms"] = max(1000, int(timeout * 1000))
-    producer = Producer(conf)
-    landed: list[str] = []
+    producer = _client(Producer, conf)
+    landed: list[tuple[int, int]] = []
     failed: list[str] = []
 
     def report(err: Any, msg: Any) -> None:
         if err is not None:
-            failed.append(str(err))
+            size = len(msg.value()) if msg.value() is not None else None
+            failed.append(produce_refusal(err, topic, bootstrap, size))
         else:
-            landed.append(f"[{msg.partition()}]@{msg.offset()}")
+            landed.append((msg.partition(), msg.offset()))
 
     for key, value in records:
         extra: dict[str, Any] = {"partition": partition} if partition is not None else {}
-        producer.produce(
-            topic,
-            value,
-            key=key.encode() if key is not None else None,
-            headers=headers or None,
-            on_delivery=report,
-            **extra,
-        )
+        try:
+            producer.produce(
+                topic,
+                value,
+                key=key.encode() if key is not None else None,
+                headers=headers or None,
+                on_delivery=report,
+                **extra,
+            )
+        except KafkaException as exc:  # refused by the client before any broker saw it
+            err = exc.args[0]
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                limit = int(conf.get("message.max.bytes", CLIENT_MAX_BYTES))
+                said = f"refused by the producer: its message.max.bytes is {limit:,}"
+                raise ConfigurationError(too_large(topic, len(value), said)) from exc
+            raise ConfigurationError(produce_refusal(err, topic, bootstrap, len(value))) from exc
         producer.poll(0)
     producer.flush(timeout)
     if failed or len(landed) < len(records):
+        sent = f"{len(landed)} of {len(records)} record(s) acknowledged"
         raise ConfigurationError(
-            f"{len(landed)} of {len(records)} record(s) acknowledged by {bootstrap}: "
-            + (failed[0] if failed else f"no acknowledgement within {timeout:.0f}s")
+            f"{failed[0]} ({sent})"
+            if failed
+            else f"{sent} by {bootstrap} within {timeout:g}s: check that the cluster is up, "
+            "or raise --timeout"
         )
     return landed
 
@@ -309,7 +398,8 @@ def run_tail(args: argparse.Namespace) -> int:
     try:
         bootstrap, app = _setup(args)
         codec = _codec(app, args.topic, resolve_registry_url(args.schema_registry))
-        partitions = _partitions(bootstrap, args.topic, 30.0)
+        wait = 30.0 if args.timeout is None else min(30.0, args.timeout)
+        partitions = _partitions(bootstrap, args.topic, wait, "Read")
         if args.partition is not None:
             if args.partition not in partitions:
                 raise ConfigurationError(
@@ -317,11 +407,28 @@ def run_tail(args: argparse.Namespace) -> int:
                     f"0-{len(partitions) - 1}"
                 )
             partitions = [args.partition]
+        start = OFFSET_BEGINNING if args.start == "beginning" else OFFSET_END
+        refused: list[str] = []
+        consumer = _client(
+            Consumer,
+            reader_config(
+                bootstrap,
+                {
+                    "enable.partition.eof": False,
+                    "error_cb": lambda err: refused.extend(filter(None, [refusal(err, bootstrap)])),
+                },
+            ),
+        )
     except AgentsStreamError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    start = OFFSET_BEGINNING if args.start == "beginning" else OFFSET_END
-    consumer = Consumer(reader_config(bootstrap, {"enable.partition.eof": False}))
+    # Said because a record missing from an open transaction would otherwise look lost.
+    log.info(
+        "reading %s %s from the %s, committed records only (isolation.level=read_committed)",
+        args.topic,
+        _spans(partitions),
+        args.start,
+    )
     consumer.assign([TP(args.topic, p, start) for p in partitions])
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     seen = 0
@@ -330,12 +437,19 @@ def run_tail(args: argparse.Namespace) -> int:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             msg = consumer.poll(0.2)
+            if refused:  # a login or certificate refused after the topic was found
+                print(f"error: {refused[0]}", file=sys.stderr)
+                return 1
             if msg is None:
                 continue
             err = msg.error()
             if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    print(f"error: {err}", file=sys.stderr)
+                final = read_refusal(err, args.topic, bootstrap)
+                if final is not None:
+                    print(f"error: {final}", file=sys.stderr)
+                    return 1
+                if err.code() != KafkaError._PARTITION_EOF:  # transient: librdkafka retries
+                    log.warning("%s: %s (retrying)", args.topic, scrub(err.str()))
                 continue
             print(_render(msg, codec, as_json=args.json), flush=True)
             seen += 1
@@ -347,6 +461,14 @@ def run_tail(args: argparse.Namespace) -> int:
         print(f"tail: {seen} of {args.max} record(s) before the timeout", file=sys.stderr)
         return 1
     return 0
+
+
+def _spans(partitions: list[int]) -> str:
+    if partitions == list(range(partitions[0], partitions[-1] + 1)) and len(partitions) > 1:
+        return f"partitions {partitions[0]}-{partitions[-1]}"
+    return ("partition " if len(partitions) == 1 else "partitions ") + ", ".join(
+        map(str, partitions)
+    )
 
 
 def _render(msg: Any, codec: Any, *, as_json: bool) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agents_stream.cli.topics import parse_record
+from agents_stream.cli.topics import landed_text, parse_record
 from agents_stream.testing.topics import create_topics, read_topic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def test_produce_then_tail_round_trip(broker, topic_factory, tmp_path):
     env = {"AGENTS_STREAM_BROKER": broker.url}
     sent = cli("produce", topic, 'u-1={"n": 1}', "--header", "trace=abc", env=env)
     assert sent.returncode == 0, sent.stderr
-    assert "produced 1 record(s)" in sent.stdout
+    assert sent.stdout.startswith(f"produced 1 record to {topic}: partition ")
     piped = cli("produce", topic, "--key", "u-2", stdin='{"n": 2}\n\n# a comment\n{"n": 3}\n',
                 env=env)  # fmt: skip
     assert piped.returncode == 0, piped.stderr
@@ -101,7 +102,84 @@ def test_no_broker_is_one_line():
 
 
 def test_help_names_defaults_and_environment():
+    timeouts = {}
     for command in ("produce", "tail"):
         text = cli(command, "--help").stdout
         assert "AGENTS_STREAM_BROKER" in text and "AGENTS_STREAM_KAFKA_CONFIG" in text
         assert "examples:" in text
+        own = text.split("\n  --timeout SECONDS", 1)[1].split("\n  -", 1)[0]
+        timeouts[command] = " ".join(own.split())  # argparse wraps lines
+    # Each command's own --timeout: what it bounds, and its default.
+    assert "acknowledged (default: 30)" in timeouts["produce"], timeouts
+    assert "stop after this long" in timeouts["tail"], timeouts
+    assert "run until interrupted" in timeouts["tail"], timeouts
+    assert "read_committed" in cli("tail", "--help").stdout
+
+
+def test_offsets_are_printed_as_ranges_per_partition():
+    assert landed_text("t", [(3, 0)]) == "produced 1 record to t: partition 3 offset 0"
+    many = [(p, o) for p in range(3) for o in range(60)] + [(1, 70), (1, 71)]
+    assert landed_text("t", many).splitlines() == [
+        "produced 182 records to t:",
+        "  partition 0 offsets 0-59",
+        "  partition 1 offsets 0-59, 70-71",
+        "  partition 2 offsets 0-59",
+    ]
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The single ``error:`` line of a refused command (exit 1, no traceback)."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_a_bad_header_is_one_line():
+    for header in ("trace", "=abc"):
+        line = one_line(cli("produce", "t", "-b", "kafka://127.0.0.1:1", "-H", header, "{}"))
+        assert "expected NAME=VALUE" in line
+
+
+def _big_record(tmp_path: Path) -> Path:
+    """One 2 MB record of random text: the producer's compression cannot shrink it under
+    Kafka's 1 MB limits, as it would 2 MB of one letter."""
+    big = tmp_path / "big.jsonl"
+    text = base64.b64encode(os.urandom(1_500_000)).decode()  # 2,000,000 characters
+    big.write_text('k={"text": "' + text + '"}\n')
+    return big
+
+
+@pytest.mark.broker
+def test_an_oversized_record_is_one_line_naming_the_settings(broker, topic_factory, tmp_path):
+    """2 MB: refused by the producer itself (librdkafka's message.max.bytes, 1,000,000)
+    before any broker sees it."""
+    topic = topic_factory("big")
+    create_topics(broker.bootstrap, [topic], partitions=1)
+    env = {"AGENTS_STREAM_BROKER": broker.url}
+    line = one_line(cli("produce", topic, "--file", str(_big_record(tmp_path)), env=env))
+    assert "2,000,011 bytes" in line and "refused by the producer" in line, line
+    assert f"--entity-name {topic} --add-config max.message.bytes=N" in line, line
+    assert "AGENTS_STREAM_KAFKA_MESSAGE_MAX_BYTES" in line, line
+
+
+@pytest.mark.kafka_only
+def test_a_record_over_the_topics_limit_is_one_line(broker, topic_factory, tmp_path):
+    """The producer's limit raised, Apache Kafka's topic limit (max.message.bytes,
+    1,048,588) refuses the record: the delivery report's error, one line."""
+    topic = topic_factory("big")
+    create_topics(broker.bootstrap, [topic], partitions=1)
+    env = {"AGENTS_STREAM_BROKER": broker.url, "AGENTS_STREAM_KAFKA_MESSAGE_MAX_BYTES": "3000000"}
+    line = one_line(cli("produce", topic, "--file", str(_big_record(tmp_path)), env=env))
+    assert "over the size limit" in line and "too large" in line.lower(), line
+    assert f"--entity-name {topic} --add-config max.message.bytes=N" in line, line
+    assert "(0 of 1 record(s) acknowledged)" in line, line
+    assert read_topic(broker.bootstrap, topic) == []
+
+
+@pytest.mark.broker
+def test_tail_of_a_missing_topic_is_one_line(broker, topic_factory):
+    env = {"AGENTS_STREAM_BROKER": broker.url}
+    line = one_line(cli("tail", topic_factory("nope"), "--timeout", "1", env=env))
+    assert "does not exist" in line and "waited 1s" in line
