@@ -109,10 +109,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"partitions, Apache Kafka, {args.master}, best of {args.repeat}"
             )
             for name, df in frames.items():
-                grouped = df.groupBy("partition").agg({"offset": "max", "value": "count"})
+
+                def grouped(df=df):  # type: ignore[no-untyped-def]
+                    # A new DataFrame per run: collecting the same one twice reuses its
+                    # shuffle output and reads nothing from Kafka (0.08 s for 200k rows).
+                    return df.groupBy("partition").agg({"offset": "max", "value": "count"})
+
                 counted = best_of(args.repeat, df.count)
-                aggregated = best_of(args.repeat, grouped.collect)
-                sums[name] = sorted(tuple(r) for r in grouped.collect())
+                aggregated = best_of(args.repeat, lambda g=grouped: g().collect())
+                sums[name] = sorted(tuple(r) for r in grouped().collect())
                 print(
                     f"  {name:<24} count() {counted:6.2f} s ({args.records / counted:>9,.0f}"
                     f" rows/s)   groupBy {aggregated:6.2f} s ({args.records / aggregated:>9,.0f}"
