@@ -284,12 +284,9 @@ class WorkerCollector(Collector):
             "last offset committed by this worker",
             labels=["topic", "partition"],
         )
+        held = dict(_snapshot(getattr(w, "partitions", {})))
         # Offsets of the partitions that had a record since their assignment.
-        trackers = {
-            tp: part.offsets
-            for tp, part in _snapshot(getattr(w, "partitions", {}))
-            if part.offsets.next >= 0
-        }
+        trackers = {tp: part.offsets for tp, part in held.items() if part.offsets.next >= 0}
         consumer = getattr(w, "consumer", None)
         if consumer is not None and owned:
             try:
@@ -310,9 +307,12 @@ class WorkerCollector(Collector):
                     lag.add_metric(labels, max(high - base, 0))
             except Exception as exc:  # closing, or a partition revoked meanwhile
                 log.debug("lag not collected: %s", exc)
-        for (topic, partition), tracker in trackers.items():
-            if tracker.committed >= 0:
-                committed.add_metric([topic, str(partition)], tracker.committed)
+        # Every held partition: a partition that got no record in this run shows the
+        # group's committed offset as found at its assignment.
+        for (topic, partition), part in held.items():
+            position = max(part.offsets.committed, part.committed_at_assign)
+            if position >= 0:
+                committed.add_metric([topic, str(partition)], position)
         return [lag, unfinished, fetch_lag, committed]
 
 

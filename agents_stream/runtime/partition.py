@@ -56,6 +56,7 @@ class Partition:
         "_seek",
         "_stats",
         "arm_at",
+        "committed_at_assign",
         "finished",
         "first_expected",
         "host",
@@ -78,6 +79,7 @@ class Partition:
         arm_at: int | None,
         seek: Seek,
         stats: defaultdict[str, int],
+        committed: int = -1,
     ) -> None:
         self.topic = topic
         self.number = number
@@ -90,6 +92,9 @@ class Partition:
         self.finished: list[tuple[int, str]] = []
         self.first_expected = first_expected
         self.arm_at = arm_at
+        # The group's committed offset when it was assigned (-1: none or unknown): what
+        # the committed-offset gauge shows before this worker commits anything.
+        self.committed_at_assign = committed
         self._lane: PartitionLane | None = None
         # An offset gap being checked (see accept): [expected offset, offset seen past it,
         # armed (its seek was issued), the rebalance generation it was found in]; and the

@@ -122,12 +122,13 @@ class TimerService:
 
 def input_end(
     consumer: Consumer, topic: str, partition: int, *, earliest: bool = True
-) -> tuple[int | None, int]:
+) -> tuple[int | None, int, int]:
     """Offset at which held timers of an input partition arm: its end offset when input
     remains to re-consume after the committed position, None when nothing does; and the
     offset where its first record is expected (-1: unknown): the group's committed
     offset, else, when the consumer starts a partition without one at its beginning
-    (``earliest``: auto.offset.reset earliest), the partition's low watermark.
+    (``earliest``: auto.offset.reset earliest), the partition's low watermark; and the
+    group's committed offset (-1: none or unknown).
 
     Runs on the consumer's thread (rebalance callback). When the offsets cannot be read,
     only the partition EOF arms the timers.
@@ -138,7 +139,7 @@ def input_end(
         [committed] = consumer.committed([TopicPartition(topic, partition)], timeout=5.0)
     except Exception as exc:
         log.warning("no end offset for %s[%d] (%s): timers wait for EOF", topic, partition, exc)
-        return NEVER, -1
+        return NEVER, -1, -1
     start = committed.offset if committed.offset >= 0 else low
     # Without a committed offset the first record was not checked for a gap, and on
     # Apache Kafka 4.1 librdkafka 2.12.1 (partition EOF on) skipped the first record of
@@ -146,7 +147,7 @@ def input_end(
     # (tests/integration/test_worker.py::test_two_workers_share_partitions_and_failover):
     # the low watermark is where that record is expected.
     first = committed.offset if committed.offset >= 0 else (low if earliest else -1)
-    return (high if start < high else None), first
+    return (high if start < high else None), first, committed.offset
 
 
 TIMER_TICK = 0.05  # seconds between processing-time timer checks

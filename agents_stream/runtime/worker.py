@@ -296,12 +296,20 @@ class Worker:
             hook(self)
         start_watchdog(self.ownership, self._cancel, self._loop, self._suspected)
 
-    def held(self, topic: str, number: int, first_expected: int, arm_at: int | None) -> Partition:
+    def held(
+        self,
+        topic: str,
+        number: int,
+        first_expected: int,
+        arm_at: int | None,
+        committed: int = -1,
+    ) -> Partition:
         """Kafka thread (on assign): the bookkeeping of a partition just taken, before
         any of its records is dispatched."""
         return Partition(
             topic,
             number,
+            committed=committed,
             host=self._agents.get(topic),
             watermarks=self._watermarks.get(topic),
             first_expected=first_expected,

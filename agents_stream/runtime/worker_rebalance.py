@@ -100,7 +100,12 @@ class RebalanceHost(Protocol):
     commits: Commits
 
     def held(
-        self, topic: str, number: int, first_expected: int, arm_at: int | None
+        self,
+        topic: str,
+        number: int,
+        first_expected: int,
+        arm_at: int | None,
+        committed: int = -1,
     ) -> Partition: ...
 
     def _suspected(self) -> None: ...
@@ -132,7 +137,7 @@ class Rebalance:
                 "joined group %s: taking %s; rebuilding their journal cache from %s",
                 self._w.app.id,
                 _fmt(partitions),
-                self._w.store.topic,
+                self._w.app.action_state_topic,
             )
         if self._w.store is not None:  # all new journal partitions caught up in one pass
             fresh = {
@@ -157,10 +162,10 @@ class Rebalance:
                 self._load_progress(tp.topic, tp.partition)
                 name = self._w._agents[tp.topic].name
                 timers = [t for t in self._w.store.timers(tp.partition) if t.agent == name]
-                arm_at, first = input_end(
+                arm_at, first, committed = input_end(
                     consumer, tp.topic, tp.partition, earliest=self._w._reset_earliest
                 )
-                part = self._w.held(tp.topic, tp.partition, first, arm_at)
+                part = self._w.held(tp.topic, tp.partition, first, arm_at, committed)
                 assert self._w._loop is not None
                 # Runs on the loop before any record fetched by this consume call.
                 self._w._loop.call_soon_threadsafe(self._w.firings.load, part, timers)

@@ -92,6 +92,28 @@ def test_metrics_readiness_and_json_logs(broker, topic_factory, worker_factory):
     assert all({"ts", "level", "logger", "message"} <= set(p) for p in parsed)
     assert any(p["message"].startswith("stopped") for p in parsed)
 
+    # The next worker of the group gets no record in its run: its gauges still show
+    # each partition's committed offset and its lag (0), from the assignment on.
+    port = free_port()
+    again = worker_factory("tests.apps.ops_app:app", env, extra_args=["--metrics-port", str(port)])
+    deadline = time.monotonic() + 60
+    committed: list[float | None] = []
+    while time.monotonic() < deadline:
+        try:
+            status, text = get(port, "/metrics")
+        except OSError:  # not listening yet
+            time.sleep(0.1)
+            continue
+        committed = [
+            sample(text, "agents_stream_committed_offset", topic=env["AS_INPUT"], partition=str(p))
+            for p in range(2)
+        ]
+        if all(c is not None for c in committed):
+            break
+        time.sleep(0.2)
+    assert all(c is not None for c in committed) and sum(committed) == n, (text, again.log())
+    assert again.terminate() == 0
+
 
 def test_metrics_port_in_use_fails_fast(broker, topic_factory, worker_factory):
     with socket.socket() as taken:
