@@ -45,8 +45,12 @@ demo-crash: venv  ## SIGKILL the payments worker mid-charge, restart it, check t
 # what .ci/run may take; this took 44 (13 the Kafka half). Without java/mvn the Kafka
 # runs skip with one line. `make test KAFKA_PATHS=tests`: every broker test on both.
 KAFKA_PATHS ?= tests/integration,tests/fault,tests/cli/test_worker_startup.py
+# The unit tests (no broker, ~4.5 min alone) run first, on both cores (pytest-xdist): ~2
+# min off the suite; the broker suites after them stay serial (their fault tests time
+# processes against each other).
 test: $(SUITE)  ## the whole suite: unit, integration (embedded broker and Apache Kafka), fault injection, Spark
-	JAVA_TOOL_OPTIONS= PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -ra --broker=both --kafka-paths=$(KAFKA_PATHS)
+	$(PY) -m pytest -q -ra -p no:cacheprovider -n 2 tests/unit
+	JAVA_TOOL_OPTIONS= PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -ra --broker=both --kafka-paths=$(KAFKA_PATHS) --ignore=tests/unit
 
 test-fast: $(SUITE)  ## unit tests only
 	$(PY) -m pytest -q tests/unit
