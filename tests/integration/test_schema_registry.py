@@ -32,7 +32,7 @@ from agents_stream.serde.registry import RegistryBinding, ensure_registered, reg
 from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, SchemaVersion, load_versions
 from agents_stream.serde.values import value_codec
 from agents_stream.testing import LiveWorker
-from agents_stream.testing.kafka import _free_ports
+from agents_stream.testing.launcher import free_ports
 from agents_stream.testing.topics import create_topics, read_topic, wait_for_records
 from tests.apps import registry_app
 
@@ -100,7 +100,7 @@ def test_worker_stops_at_startup_on_registry_errors(
         ensure_registered(url, f"{out}-value", SchemaVersion.from_raw(old))
         phrases = [f"{out}-value", "output schema Receipt of agent Billing", "refused", "HTTP 409"]
     elif case == "unreachable":
-        url = f"http://127.0.0.1:{_free_ports(1)[0]}/apis/ccompat/v7"
+        url = f"http://127.0.0.1:{free_ports(1)[0]}/apis/ccompat/v7"
         phrases = [f"{app_id}-action-state-value", "unavailable", "ActionState v"]
     else:
         extra["AGENTS_STREAM_KAFKA_SCHEMA_REGISTRY_AUTO_REGISTER_SCHEMAS"] = "false"
