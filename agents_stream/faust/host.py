@@ -15,7 +15,11 @@ with ``concurrency=N`` up to N at once: distinct keys concurrently, each key in 
 Lifecycle, in the order Faust drives it:
 
 1. First assignment (``on_partitions_assigned``, before Faust fetches): create the
-   missing output, ``<input>-dlq`` and ActionState topics; build producer and store.
+   missing output, ``<input>-dlq`` and ActionState topics; with a schema registry
+   (``schema_registry_url=`` or ``$AGENTS_STREAM_SCHEMA_REGISTRY``), register every
+   schema the agent writes, as the worker does at start-up: a refusal or an unreachable
+   registry crashes the Faust app with one CRITICAL line (subject, version, the server's
+   reason) before any record runs; build producer and store.
 2. Every assignment: catch up each assigned input partition's cache from the ActionState
    topic (in a thread: Faust's loop keeps heartbeating). A record of a partition that is
    not assigned yet (missed signal) assigns it first.
@@ -62,6 +66,9 @@ from ..host.progress import CompletedThrough
 from ..kafka.admin import TopicAdmin, TopicSpec, compacted
 from ..kafka.config import configure
 from ..kafka.producer import AckingProducer
+from ..serde.errors import RegistryError
+from ..serde.registry import resolve_registry_url
+from ..serde.startup import register_app_schemas
 from ..state.kafka import KafkaActionStateStore
 from .lanes import KeyLanes
 from .records import FaustEvent, FaustRecordHandler, record_key
@@ -288,7 +295,14 @@ class DurableAgent:
             return self.handler
         async with self._start_lock:
             if self.handler is None:
-                handler = await asyncio.to_thread(self._build)
+                try:
+                    handler = await asyncio.to_thread(self._build)
+                except RegistryError as exc:
+                    # As the worker does at start-up: a refused or unreachable registry
+                    # is a configuration error, said in one line, and nothing runs.
+                    log.critical("Faust app stopped: %s", exc)
+                    await self.faust_app.crash(exc)
+                    raise
                 if self.producer is not None and self.concurrency > 1:
                     # Many records in flight: Faust's loop serves the delivery reports,
                     # as the worker's does (no poll thread taking the GIL from it,
@@ -302,6 +316,8 @@ class DurableAgent:
         produce = self.store is None or bool(self.output and self._sink is None)
         if produce:
             self._ensure_topics()
+        # The worker's precedence: $AGENTS_STREAM_SCHEMA_REGISTRY over the argument.
+        self.schema_registry_url = resolve_registry_url(None, self.schema_registry_url)
         app = App(
             self.app_id,
             schema_registry_url=self.schema_registry_url,
@@ -313,6 +329,10 @@ class DurableAgent:
         app.agent(
             self.agent, input=self.input, output=self.output, output_schema=self.output_schema
         )
+        if produce and app.schema_registry_url:
+            # Before its first partition is caught up (start() runs on assignment): every
+            # schema it writes is registered, or refused here (serde/startup.py).
+            register_app_schemas(app)
         # The host kit builds producer, store, sink and dead letters as for the worker;
         # a store/sink given here (Faust test contexts) is used instead.
         self.kit = DurableHost(

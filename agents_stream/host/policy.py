@@ -8,7 +8,9 @@ What an exception escaping an action run means, in order:
    refused a write (a missing ACL: every record would fail alike), or the schema registry
    refused a schema or did not answer (``serde.errors.RegistryError``). The host stops
    without committing the record, whatever ``on_error`` says: skipping it would guess
-   state, dead-lettering it would dead-letter every record after it too.
+   state, dead-lettering it would dead-letter every record after it too. A host that
+   can wait (the worker) retries a registry refusal instead, pausing the partition
+   (``host/registry_wait.py``): it never reaches this verdict there.
 2. ``FAIL``: ``App(on_error="fail")``, or a host with nowhere to dead-letter. The host
    stops without committing the record; the next owner runs it again.
 3. ``DEAD_LETTER``: ``App(on_error="dlq")``: the record goes to ``<input>-dlq`` (a timer,

@@ -36,6 +36,7 @@ from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.dlq import REPLAY_HEADER, DeadLetters, original_identity
 from ..host.policy import judge, record_where
 from ..host.progress import KeptJournals
+from ..host.registry_wait import RegistryWait
 from ..serde.errors import RegistryError
 from .controller import Admitted, ExecutionController
 from .logs import record_fields
@@ -55,6 +56,7 @@ class AgentHost:
         stats: MutableMapping[str, int],
         on_fatal: Callable[[BaseException], None],
         controller: ExecutionController,
+        registry_wait: RegistryWait | None = None,
     ) -> None:
         self.binding = binding
         self.runner = runner
@@ -69,6 +71,9 @@ class AgentHost:
         self._tombstones_seen: set[int] = set()  # partitions whose first one was logged
         self.controller = controller
         self._lanes: dict[int, PartitionLane] = {}
+        # A registry refusal mid-run: the record waits and retries (host/registry_wait.py);
+        # without one, it stops the worker like any fatal error.
+        self._registry = registry_wait
 
     @property
     def name(self) -> str:
@@ -106,6 +111,11 @@ class AgentHost:
                     extra=record_fields(msg.topic(), msg.partition(), msg.offset(), key),
                 )  # fmt: skip
             return exc
+        return self._input(msg, key, partition, offset, keyless, value)
+
+    def _input(
+        self, msg: Message, key: str, partition: int, offset: int, keyless: bool, value: Any
+    ) -> RecordInput:
         raw_headers = msg.headers()
         headers = {k: v for k, v in raw_headers if v is not None} if raw_headers else {}
         seq = offset
@@ -130,6 +140,12 @@ class AgentHost:
         """Apply the error policy to a failed record (dead letter, or stop: raises), or
         count a finished one. A record of a partition this member lost is neither: it
         raises OwnershipLost (not finished, not committed; its next owner runs it)."""
+        if isinstance(outcome, RegistryError) and self._registry is not None:
+            where = record_where(msg.topic(), msg.partition(), msg.offset(), key)
+            outcome = await self._registry.retry(
+                msg.topic(), msg.partition(), f"action of {self.name} on {where}", outcome,
+                partial(self._rerun, record),
+            )  # fmt: skip
         if isinstance(outcome, OwnershipLost):
             self._abandoned(msg, outcome)
             raise outcome
@@ -150,6 +166,43 @@ class AgentHost:
             await self.dead_letter(msg, "action", outcome)
             return
         self._finished(msg, record, outcome)
+
+    async def _rerun(self, record: RecordInput) -> RecordOutcome | Exception:
+        """Run ``record`` again from its journal (acked calls replayed); a registry
+        refusal raises (retried), any other failure is returned (judged as usual)."""
+        try:
+            return await self.runner.run(record)
+        except RegistryError:
+            raise
+        except Exception as exc:
+            return exc
+
+    async def _decode_later(self, msg: Message, exc: RegistryError) -> None:
+        """A value the registry could not help decode (its writer's id not fetched):
+        decoded again once it answers, then run; dead-lettered only if the registry's
+        answer shows the record bad."""
+        assert self._registry is not None
+        raw_key = msg.key()
+        key = raw_key.decode("utf-8", "backslashreplace") if raw_key is not None else ""
+        partition, offset = msg.partition(), msg.offset()
+        where = record_where(msg.topic(), partition, offset, key)
+
+        async def decode() -> Any:
+            return self._codec.decode(msg.value())
+
+        try:
+            value = await self._registry.retry(
+                msg.topic(), partition, f"decoding {where}", exc, decode
+            )
+        except Exception as bad:  # the registry answered: the record's own fault
+            log.warning(
+                "undecodable record %s -> %s-dlq: %s", where, msg.topic(), bad,
+                extra=record_fields(msg.topic(), partition, offset, key),
+            )  # fmt: skip
+            await self.dead_letter(msg, "decode", bad)
+            return
+        record = self._input(msg, key, partition, offset, raw_key is None, value)
+        await self._conclude(msg, key, record, await self._rerun(record))
 
     def _tombstone(self, msg: Message) -> None:
         """Counted (``agents_stream_agent_tombstones_total``) and said once per partition:
@@ -252,6 +305,9 @@ class AgentHost:
 
     async def dead_letter(self, msg: Message, stage: str, exc: BaseException) -> None:
         """Send ``msg`` to its dead-letter topic and return once that is acked."""
+        if isinstance(exc, RegistryError) and self._registry is not None:
+            await self._decode_later(msg, exc)
+            return
         if isinstance(exc, RegistryError):
             # Issue 52: the schema registry did not answer while the value was decoded.
             # Not the record's fault: stop without committing it, never dead-letter it.

@@ -165,6 +165,11 @@ class WorkerCollector(Collector):
             "owned partitions paused by the in-flight limit",
             len(owned) if w.paused else 0,
         )
+        yield _gauge(
+            "registry_paused_partitions",
+            "partitions waiting for the schema registry to accept (host/registry_wait.py)",
+            _attr(getattr(w, "registry_wait", None), "paused"),
+        )
         yield _gauge("ready", "1 when partitions are assigned and caches rebuilt", int(w.ready))
         yield _gauge(
             "rebuilding_partitions",
@@ -203,6 +208,7 @@ class WorkerCollector(Collector):
         for name, doc in (
             ("ownership_suspensions", "times every partition was fenced after a freeze"),
             ("records_abandoned_not_owned", "records abandoned: their partition was lost"),
+            ("registry_retries", "records tried again after a schema registry refusal"),
         ):
             counter = CounterMetricFamily(f"{PREFIX}_{name}", doc)
             counter.add_metric([], stats.get(name, 0))

@@ -42,6 +42,7 @@ from ..errors import ConfigurationError, KafkaIOError
 from ..events import TimerEvent
 from ..host.kit import DurableHost
 from ..host.progress import CompletedThrough
+from ..host.registry_wait import RegistryWait
 from ..kafka.admin import AUTHORIZATION_ERRORS, StartupCancelled, TopicAdmin, denied
 from ..kafka.config import configure, consumer_config
 from ..kafka.deadline import GRACE, Blocked, Deadline
@@ -128,6 +129,9 @@ class Worker:
         # built in _setup once the store and the consumer exist.
         self.progress: CompletedThrough | None = None
         self._paused = False
+        # Partitions a registry refusal holds back (host/registry_wait.py): kept paused
+        # when the in-flight limit resumes the others.
+        self._held_back: set[tuple[str, int]] = set()
         self._reset_earliest = True  # auto.offset.reset is earliest (set in _setup)
         self._rebalances = 0  # bumped by the rebalance callbacks: offset gaps checked again
         self.stats: defaultdict[str, int] = defaultdict(int)
@@ -245,6 +249,7 @@ class Worker:
             if app.epoch_mode == "strict"
             or any(issubclass(TimerEvent, a.listens) for a in b.agent.actions())
         }
+        self.registry_wait = RegistryWait(self.stats, self._hold_back)
         self._agents: dict[str, AgentHost] = {
             topic: AgentHost(
                 bound.spec,
@@ -255,6 +260,7 @@ class Worker:
                 stats=self.stats,
                 on_fatal=self._fail,
                 controller=self.controller,
+                registry_wait=self.registry_wait,
             )
             for topic, bound in self.kit.bindings.items()
         }
@@ -517,8 +523,31 @@ class Worker:
         if pause:
             self.consumer.pause(assignment)
         else:
-            self.consumer.resume(assignment)
+            held = self._held_back
+            self.consumer.resume([tp for tp in assignment if (tp.topic, tp.partition) not in held])
         self._paused = pause
+
+    def _hold_back(self, topic: str, partition: int, pause: bool) -> None:
+        """Loop thread: stop (or restart) fetching one partition while the schema
+        registry refuses its records (host/registry_wait.py)."""
+        if pause:
+            self._held_back.add((topic, partition))
+        else:
+            self._held_back.discard((topic, partition))
+        assert self._loop is not None
+        self._loop.run_in_executor(self._kafka, self._pause_one, topic, partition, pause)
+
+    def _pause_one(self, topic: str, partition: int, pause: bool) -> None:
+        """Kafka thread. Not held any more (revoked meanwhile): nothing to do."""
+        if pause != ((topic, partition) in self._held_back):
+            return  # undone before it ran
+        try:
+            if pause:
+                self.consumer.pause([TopicPartition(topic, partition)])
+            elif not self._paused:
+                self.consumer.resume([TopicPartition(topic, partition)])
+        except Exception as exc:  # KafkaException: not assigned any more
+            log.debug("%s[%d]: pause=%s skipped: %s", topic, partition, pause, exc)
 
     # -- faults -------------------------------------------------------------------------
     def _suspected(self) -> None:

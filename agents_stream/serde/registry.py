@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -211,17 +212,37 @@ def ensure_registered(
     except SchemaError:
         raise
     except Exception as exc:  # SchemaRegistryError or a transport error
-        raise registry_failure(
+        failure = registry_failure(
             exc,
             url=url,
             subject=subject,
             version=label or version.label,
             doing="register" if register else "look up",
-        ) from exc
+        )
+        found = _registered_meanwhile(client, subject, version) if register else None
+        if found is None:
+            raise failure from exc
+        schema_id = found
     with _lock:
         _ids[key] = schema_id
         _schemas[(url, schema_id)] = version
     return schema_id
+
+
+def _registered_meanwhile(client: Any, subject: str, version: SchemaVersion) -> int | None:
+    """The id of ``version`` if the subject holds it after all, else None.
+
+    Two workers starting together register the same schema at once; Apicurio answers the
+    slower one 409 ("artifact ... already exists") although the schema is there. Asked
+    only after a failed registration, so a real refusal costs one more request."""
+    for attempt in range(3):  # the other registration may still be finishing
+        if attempt:
+            time.sleep(0.2)
+        try:
+            return int(client.lookup_schema(subject, avro_schema(version)).schema_id)
+        except Exception:  # not there (or no answer): the registration's failure stands
+            continue
+    return None
 
 
 def schema_by_id(url: str, schema_id: int) -> SchemaVersion:

@@ -16,15 +16,14 @@ so a run does not ask again and again.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from ..testing.launcher import locked
 
 __all__ = ["CONNECTOR", "connector_jars", "connector_versions"]
 
@@ -68,18 +67,6 @@ def _pom(version: str) -> str:
 """
 
 
-@contextlib.contextmanager
-def _locked(home: Path) -> Iterator[None]:
-    """One fetch at a time per version (parallel test processes share the cache)."""
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _complete(lib: Path) -> list[Path] | None:
     stamp = lib / _STAMP
     if not stamp.is_file():
@@ -91,7 +78,7 @@ def _complete(lib: Path) -> list[Path] | None:
 def _fetch(version: str, mvn: str) -> list[Path] | str:
     home = _home(version)
     lib = home / "lib"
-    with _locked(home):
+    with locked(home):  # one fetch at a time per version
         done = _complete(lib)
         if done is not None:
             return done

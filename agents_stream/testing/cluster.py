@@ -27,7 +27,8 @@ from types import TracebackType
 from typing import Any, Literal
 
 from ..runtime.embedded import BrokerStartError
-from .kafka import KAFKA_VERSION, KafkaBroker, _cluster_id, _free_ports, ensure_kafka, find_java
+from .kafka import KAFKA_VERSION, KafkaBroker, _cluster_id, ensure_kafka, find_java
+from .launcher import free_ports
 
 __all__ = ["KafkaCluster", "KafkaNode", "coordinator_partition"]
 
@@ -112,15 +113,7 @@ class KafkaNode(KafkaBroker):
         config = self._write_config()
         self._format(java, lib, config)
         self.log_file = self.log_file or self._dir / "server.log"
-        out = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child
-        self._proc = subprocess.Popen(
-            self._java_cmd(java, lib, "kafka.Kafka", str(config)),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        out.close()
+        self._spawn(self._java_cmd(java, lib, "kafka.Kafka", str(config)))
         if self.cluster.started:
             self._wait_ready(began + timeout)
         self.start_seconds = time.monotonic() - began
@@ -163,7 +156,7 @@ class KafkaCluster:
         self.cluster_id = _cluster_id()
         self.started = False
         self.start_seconds: float | None = None
-        ports = _free_ports(2 * nodes)
+        ports = free_ports(2 * nodes)
         self.host = "127.0.0.1"
         self.voters = ",".join(f"{i + 1}@{self.host}:{ports[nodes + i]}" for i in range(nodes))
         self.nodes = [KafkaNode(self, i + 1, ports[i], ports[nodes + i]) for i in range(nodes)]

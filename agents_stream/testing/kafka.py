@@ -29,25 +29,30 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
-import fcntl
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
 from ..runtime.embedded import BrokerStartError
+from .launcher import (
+    ServerProcess,
+    cache_home,
+    free_ports,
+    locked,
+    mvn_failed,
+    run_mvn,
+)
+from .launcher import find_java as _find_java
 
 __all__ = [
     "KAFKA_VERSION",
@@ -69,8 +74,6 @@ KAFKA_VERSION = "4.1.1"
 # 2.x serves 1.x callers unchanged).
 LOG4J_VERSION = "2.25.3"
 SLF4J_VERSION = "2.0.17"
-MIN_JAVA = 17  # Kafka 4.x brokers require Java 17
-
 _STAMP = ".agents-stream-complete"
 
 
@@ -83,45 +86,12 @@ class KafkaUnavailable(BrokerStartError):
 
 def find_java() -> str:
     """Path of a ``java`` 17+ (``JAVA_HOME`` first, then ``PATH``) or KafkaUnavailable."""
-    java_home = os.environ.get("JAVA_HOME")
-    candidate = str(Path(java_home, "bin", "java")) if java_home else None
-    java = candidate if candidate and os.access(candidate, os.X_OK) else shutil.which("java")
-    if java is None:
-        raise KafkaUnavailable(
-            "java 17+ not found (Apache Kafka runs on it): "
-            "apt-get install openjdk-17-jre-headless, or set JAVA_HOME"
-        )
-    major = _java_major(java)
-    if major is not None and major < MIN_JAVA:
-        raise KafkaUnavailable(
-            f"{java} is java {major}, Apache Kafka {KAFKA_VERSION} needs {MIN_JAVA}+: "
-            "apt-get install openjdk-17-jre-headless and put it first on PATH, or set JAVA_HOME"
-        )
-    return java
-
-
-def _java_major(java: str) -> int | None:
-    try:
-        out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    # `openjdk version "17.0.15"`, `java version "1.8.0_402"`
-    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
-    if m is None:
-        return None
-    major = int(m.group(1))
-    return int(m.group(2) or 0) if major == 1 else major
+    return _find_java(f"Apache Kafka {KAFKA_VERSION}", KafkaUnavailable)
 
 
 def kafka_home(version: str = KAFKA_VERSION) -> Path:
     """Where the jars of ``version`` live (``AGENTS_STREAM_KAFKA_HOME`` overrides)."""
-    override = os.environ.get("AGENTS_STREAM_KAFKA_HOME")
-    if override:
-        return Path(override).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "agents-stream" / f"kafka-{version}"
+    return cache_home("AGENTS_STREAM_KAFKA_HOME", f"kafka-{version}")
 
 
 def _pom(version: str) -> str:
@@ -161,18 +131,6 @@ def _complete(lib: Path) -> bool:
     return bool(names) and all((lib / n).is_file() for n in names)
 
 
-@contextlib.contextmanager
-def _locked(home: Path) -> Iterator[None]:
-    """One fetch at a time per home (parallel test processes share the cache)."""
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 _NO_MVN = (
     "mvn not found (it fetches the Apache Kafka {version} jars, first run only): "
     "apt-get install maven, or point AGENTS_STREAM_KAFKA_HOME at an unpacked Kafka release"
@@ -205,36 +163,25 @@ def ensure_kafka(version: str = KAFKA_VERSION, *, quiet: bool = True) -> Path:
     if fetched is not None:
         return fetched
     lib = home / "lib"
-    mvn = shutil.which("mvn")
-    if mvn is None:
+    if shutil.which("mvn") is None:
         raise KafkaUnavailable(_NO_MVN.format(version=version))
-    with _locked(home):
+    with locked(home):
         if _complete(lib):  # another process fetched while we waited for the lock
             return lib
         staging = Path(tempfile.mkdtemp(prefix="lib-", dir=home))
         try:
             (home / "pom.xml").write_text(_pom(version))
-            cmd = [
-                mvn,
-                "-q",
-                "-B",
-                "-f",
-                str(home / "pom.xml"),
-                "dependency:copy-dependencies",
-                f"-DoutputDirectory={staging}",
-                "-DincludeScope=runtime",
-            ]
             if not quiet:
                 print(f"fetching Apache Kafka {version} jars with Maven into {lib}", flush=True)
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+            what = f"Apache Kafka {version}"
+            run_mvn(
+                ["-f", str(home / "pom.xml"), "dependency:copy-dependencies",
+                 f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
+                what=what, error=KafkaUnavailable, missing=_NO_MVN.format(version=version),
+            )  # fmt: skip
             jars = sorted(p.name for p in staging.glob("*.jar"))
-            if out.returncode != 0 or not any(n.startswith("kafka_2.13-") for n in jars):
-                tail = " | ".join((out.stdout + out.stderr).strip().splitlines()[-5:])
-                raise KafkaUnavailable(
-                    f"mvn could not fetch Apache Kafka {version} (exit {out.returncode}): "
-                    f"{tail or 'no output'}; check that Maven Central is reachable "
-                    "(~/.m2/settings.xml proxies/mirrors)"
-                )
+            if not any(n.startswith("kafka_2.13-") for n in jars):
+                raise KafkaUnavailable(mvn_failed(what, 0, "no kafka_2.13 jar copied"))
             (staging / _STAMP).write_text("\n".join(jars) + "\n")
             if lib.exists():
                 shutil.rmtree(lib)
@@ -366,18 +313,6 @@ class SecureListener:
 # -- the broker ------------------------------------------------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (held together, so never the same one twice)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _cluster_id() -> str:
     # What `kafka-storage.sh random-uuid` prints: a UUID in URL-safe base64, unpadded,
     # never starting with "-" (Kafka's Uuid.randomUuid() draws again too): the storage
@@ -412,7 +347,7 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
-class KafkaBroker:
+class KafkaBroker(ServerProcess):
     """A single-node KRaft Apache Kafka subprocess on loopback.
 
     Args:
@@ -431,6 +366,7 @@ class KafkaBroker:
     """
 
     kind: Literal["kafka"] = "kafka"
+    what = "kafka"
 
     def __init__(
         self,
@@ -446,7 +382,7 @@ class KafkaBroker:
     ) -> None:
         self.host = host
         taken = {p for p in (port, secure.port if secure else None) if p}
-        free = iter(p for p in _free_ports(2 + len(taken) + 1) if p not in taken)
+        free = iter(p for p in free_ports(2 + len(taken) + 1) if p not in taken)
         self.port = port or next(free)
         self.controller_port = next(free)
         self.secure = secure
@@ -458,7 +394,7 @@ class KafkaBroker:
         self.heap = heap or os.environ.get("KAFKA_HEAP_OPTS") or "-Xmx512m -Xms128m"
         self.version = version
         self.start_seconds: float | None = None  # how long the last start() took
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc = None
 
     # -- addresses, as EmbeddedBroker ---------------------------------------------------
     @property
@@ -492,16 +428,6 @@ class KafkaBroker:
             "sasl.password": self.secure.users[user] if password is None else password,
             "ssl.ca.location": str(self.secure.tls.ca),
         }
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        """The broker JVM's process id while it runs."""
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
 
     @property
     def log_dir(self) -> Path:
@@ -648,73 +574,26 @@ class KafkaBroker:
         lib = ensure_kafka(self.version)
         config = self._write_config()
         self._format(java, lib, config)
-        log_file = self.log_file or self._dir / "server.log"
-        self.log_file = log_file
-        out = open(log_file, "ab")  # noqa: SIM115 - owned by the child
-        self._proc = subprocess.Popen(
-            self._java_cmd(java, lib, "kafka.Kafka", str(config)),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a ^C in the terminal reaches us, not the JVM first
-        )
-        out.close()
+        self.log_file = self.log_file or self._dir / "server.log"
+        self._spawn(self._java_cmd(java, lib, "kafka.Kafka", str(config)))
         self._wait_ready(began + timeout)
         self.start_seconds = time.monotonic() - began
         return self
-
-    def _log_tail(self, lines: int = 5) -> str:
-        if self.log_file is None or not self.log_file.exists():
-            return ""
-        text = self.log_file.read_text(errors="replace").strip().splitlines()
-        return " | ".join(text[-lines:])
 
     def _wait_ready(self, deadline: float) -> None:
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-        last: object = None
-        while time.monotonic() < deadline:
-            proc = self._proc
-            if proc is not None and proc.poll() is not None:
-                self._proc = None
-                raise BrokerStartError(
-                    f"kafka exited with code {proc.returncode} ({self.log_file}): "
-                    f"{self._log_tail()}"
-                )
+
+        def serving() -> object:
             try:
                 md = admin.list_topics(timeout=1.0)
-                if md.brokers:  # the broker registered with its controller: serving
-                    return
-                last = "no broker in the metadata yet"
             except Exception as exc:
-                last = exc
-            time.sleep(0.2)
-        self.stop()
-        raise BrokerStartError(
-            f"kafka on {self.bootstrap} not ready in time: {last} ({self.log_file})"
-        )
+                return exc
+            # The broker registered with its controller: serving.
+            return None if md.brokers else "no broker in the metadata yet"
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (a controlled shutdown, logs flushed), SIGKILL after ``timeout``."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=timeout)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-    def kill(self) -> None:
-        """SIGKILL: a crash; the next start() recovers the log dir."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        self._await_ready(deadline, serving, self.bootstrap)
 
     def restart(self, timeout: float = 120.0, *, crash: bool = False) -> KafkaBroker:
         """Stop (or kill, with ``crash``) and start again on the same ports and log dir."""

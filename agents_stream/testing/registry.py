@@ -23,12 +23,9 @@ BACKWARD, and the library's promises are written against Confluent's.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -38,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ..runtime.embedded import BrokerStartError
-from .kafka import _free_ports, _locked, find_java
+from .launcher import ServerProcess, cache_home, find_java, free_ports, locked, run_mvn
 
 __all__ = [
     "APICURIO_VERSION",
@@ -70,11 +67,7 @@ _NO_MVN = (
 def registry_home(version: str = APICURIO_VERSION) -> Path:
     """Where the unpacked server of ``version`` lives (``AGENTS_STREAM_REGISTRY_HOME``
     overrides); the same cache folder as Kafka's jars."""
-    override = os.environ.get("AGENTS_STREAM_REGISTRY_HOME")
-    if override:
-        return Path(override).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "agents-stream" / f"apicurio-registry-{version}"
+    return cache_home("AGENTS_STREAM_REGISTRY_HOME", f"apicurio-registry-{version}")
 
 
 def _runner(home: Path, version: str) -> Path:
@@ -90,10 +83,7 @@ def _fetched(home: Path, version: str) -> Path | None:
 
 
 def _java() -> str:
-    try:
-        return find_java()
-    except BrokerStartError as exc:  # the Kafka launcher's words name Kafka: say ours
-        raise RegistryUnavailable(str(exc).replace("Apache Kafka", "Apicurio Registry")) from exc
+    return find_java(f"Apicurio Registry {APICURIO_VERSION}", RegistryUnavailable)
 
 
 def registry_missing(version: str = APICURIO_VERSION) -> str | None:
@@ -113,10 +103,9 @@ def ensure_registry(version: str = APICURIO_VERSION, *, quiet: bool = True) -> P
     jar = _fetched(home, version)
     if jar is not None:
         return jar
-    mvn = shutil.which("mvn")
-    if mvn is None:
+    if shutil.which("mvn") is None:
         raise RegistryUnavailable(_NO_MVN.format(version=version))
-    with _locked(home):
+    with locked(home):
         jar = _fetched(home, version)
         if jar is not None:  # another process fetched while we waited for the lock
             return jar
@@ -124,20 +113,15 @@ def ensure_registry(version: str = APICURIO_VERSION, *, quiet: bool = True) -> P
         try:
             if not quiet:
                 print(f"fetching Apicurio Registry {version} with Maven into {home}", flush=True)
-            cmd = [
-                mvn, "-q", "-B", "dependency:copy",
-                f"-Dartifact={ARTIFACT.format(version=version)}",
-                f"-DoutputDirectory={staging}",
-            ]  # fmt: skip
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+            run_mvn(
+                ["dependency:copy", f"-Dartifact={ARTIFACT.format(version=version)}",
+                 f"-DoutputDirectory={staging}"],
+                what=f"Apicurio Registry {version}", error=RegistryUnavailable,
+                missing=_NO_MVN.format(version=version),
+            )  # fmt: skip
             tarballs = list(staging.glob("*.tar.gz"))
-            if out.returncode != 0 or not tarballs:
-                tail = " | ".join((out.stdout + out.stderr).strip().splitlines()[-5:])
-                raise RegistryUnavailable(
-                    f"mvn could not fetch Apicurio Registry {version} (exit {out.returncode}): "
-                    f"{tail or 'no output'}; check that Maven Central is reachable "
-                    "(~/.m2/settings.xml proxies/mirrors)"
-                )
+            if not tarballs:
+                raise RegistryUnavailable(f"mvn copied no tarball of Apicurio Registry {version}")
             unpacked = staging / "unpacked"
             with tarfile.open(tarballs[0]) as tar:
                 tar.extractall(unpacked, filter="data")  # no links or paths out of it
@@ -157,7 +141,7 @@ def ensure_registry(version: str = APICURIO_VERSION, *, quiet: bool = True) -> P
     return _runner(home, version)
 
 
-class RegistryServer:
+class RegistryServer(ServerProcess):
     """An Apicurio Registry subprocess on a loopback port, in-memory storage.
 
     Args:
@@ -171,6 +155,9 @@ class RegistryServer:
     (``http://127.0.0.1:PORT/apis/ccompat/v7``). A context manager: stops on exit.
     """
 
+    what = "apicurio registry"
+    stop_timeout = 20.0  # Quarkus shuts down in well under a second
+
     def __init__(
         self,
         port: int | None = None,
@@ -181,26 +168,17 @@ class RegistryServer:
         version: str = APICURIO_VERSION,
     ) -> None:
         self.host = "127.0.0.1"
-        self.port = port or _free_ports(1)[0]
+        self.port = port or free_ports(1)[0]
         self.compatibility = compatibility
         self.log_file = Path(log_file) if log_file else None
         self.heap = heap
         self.version = version
         self.start_seconds: float | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}{CCOMPAT_PATH}"
-
-    @property
-    def pid(self) -> int | None:
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
-
-    @property
-    def running(self) -> bool:
-        return self.pid is not None
 
     def command(self, java: str, jar: Path) -> list[str]:
         return [
@@ -223,51 +201,20 @@ class RegistryServer:
         began = time.monotonic()
         java = _java()
         jar = ensure_registry(self.version)
-        if self.log_file is None:
-            fd, name = tempfile.mkstemp(prefix="agents-stream-registry-", suffix=".log")
-            os.close(fd)
-            self.log_file = Path(name)
-        out = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child
-        self._proc = subprocess.Popen(
-            self.command(java, jar),
-            cwd=jar.parent,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a ^C in the terminal reaches us, not the JVM first
-        )
-        out.close()
-        self._wait_ready(began + timeout)
+        self._spawn(self.command(java, jar), cwd=jar.parent)
+        self._await_ready(began + timeout, self._serving, self.url)
         self.start_seconds = time.monotonic() - began
         return self
 
-    def _log_tail(self, lines: int = 5) -> str:
-        if self.log_file is None or not self.log_file.exists():
-            return ""
-        return " | ".join(self.log_file.read_text(errors="replace").strip().splitlines()[-lines:])
-
-    def _wait_ready(self, deadline: float) -> None:
-        last: object = None
-        while time.monotonic() < deadline:
-            proc = self._proc
-            if proc is not None and proc.poll() is not None:
-                self._proc = None
-                raise BrokerStartError(
-                    f"apicurio registry exited with code {proc.returncode} "
-                    f"({self.log_file}): {self._log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as resp:
-                    json.load(resp)
-                self._put_config()
-                return
-            except (OSError, ValueError) as exc:  # HTTPError is an OSError too
-                last = exc
-            time.sleep(0.2)
-        self.stop()
-        raise BrokerStartError(
-            f"apicurio registry on {self.url} not ready in time: {last} ({self.log_file})"
-        )
+    def _serving(self) -> object:
+        """None once the Confluent API lists subjects (and the global rule is set)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as resp:
+                json.load(resp)
+            self._put_config()
+        except (OSError, ValueError) as exc:  # HTTPError is an OSError too
+            return exc
+        return None
 
     def _put_config(self) -> None:
         # The global rule (-D above) is what Apicurio enforces; its Confluent API's GET
@@ -281,19 +228,6 @@ class RegistryServer:
         )
         with urllib.request.urlopen(request, timeout=5) as resp:
             resp.read()
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM (Quarkus shuts down in well under a second), SIGKILL after ``timeout``."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=timeout)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
     def __enter__(self) -> RegistryServer:
         try:

@@ -8,6 +8,7 @@ Workers are real subprocesses where the exit code and the last line matter.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -26,13 +27,12 @@ from agents_stream.durable.journal import ActionRef, CallEntry, CallStatus
 from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.kafka.admin import TopicAdmin, compacted
 from agents_stream.serde.avro import AvroSerde
-from agents_stream.serde.errors import SchemaRefused
 from agents_stream.serde.journal import JournalCodec
 from agents_stream.serde.registry import RegistryBinding, ensure_registered, registry_client
 from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, SchemaVersion, load_versions
 from agents_stream.serde.values import value_codec
 from agents_stream.testing import LiveWorker
-from agents_stream.testing.kafka import _free_ports
+from agents_stream.testing.launcher import free_ports
 from agents_stream.testing.topics import create_topics, read_topic, wait_for_records
 from tests.apps import registry_app
 
@@ -100,7 +100,7 @@ def test_worker_stops_at_startup_on_registry_errors(
         ensure_registered(url, f"{out}-value", SchemaVersion.from_raw(old))
         phrases = [f"{out}-value", "output schema Receipt of agent Billing", "refused", "HTTP 409"]
     elif case == "unreachable":
-        url = f"http://127.0.0.1:{_free_ports(1)[0]}/apis/ccompat/v7"
+        url = f"http://127.0.0.1:{free_ports(1)[0]}/apis/ccompat/v7"
         phrases = [f"{app_id}-action-state-value", "unavailable", "ActionState v"]
     else:
         extra["AGENTS_STREAM_KAFKA_SCHEMA_REGISTRY_AUTO_REGISTER_SCHEMAS"] = "false"
@@ -219,43 +219,72 @@ def test_v1_producer_v2_reader_journal_upgrade_and_bad_records(
     assert worker.terminate() == 0, worker.log()
 
 
-# -- a refusal at write time is not a dead letter --------------------------------------------
+# -- a refusal mid-run pauses the partition and retries; never a dead letter -----------------
 
 
-def test_refusal_at_write_time_stops_without_dead_letters(
-    broker: Any, schema_registry: Any, topic_factory: Any, tmp_path: Path
+def test_refusal_mid_run_pauses_the_partition_until_the_registry_accepts(
+    broker: Any,
+    schema_registry: Any,
+    topic_factory: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """What issue 52 found: the journal's subject at FULL holding v1-v3, a worker that
-    registers nothing at start-up (the in-process Worker, as before this fix) meets the
-    refusal on its first journal write. Before: every record dead-lettered. Now: the
-    worker stops on the first, naming the subject and the server's reason; nothing is
-    dead-lettered or committed."""
+    """What issue 52 found: the journal's subject at FULL holding v1-v3 (v6 is not FULL-
+    compatible with them), a worker that registers nothing at start-up (the in-process
+    Worker) meets the refusal on its first journal write, as a worker would whose subject's
+    rule changed under it. Before: every record dead-lettered, then the worker stopped.
+    Now: one WARNING, the partition waits and retries with backoff (counted), nothing is
+    dead-lettered or committed; once the rule is changed back every record is processed,
+    each once, and the worker never stopped."""
     url = schema_registry.url
-    app_id, inp = topic_factory("app"), topic_factory("in")
+    app_id, inp, out = topic_factory("app"), topic_factory("in"), topic_factory("out")
     subject = f"{app_id}-action-state-value"
     client = registry_client(url)
     client.set_compatibility(subject, "FULL")
     for version in load_versions(JOURNAL_RECORD_TYPE)[:3]:
         ensure_registered(url, subject, version)
     app = App(app_id, schema_registry_url=url, commit_interval=0.2)
-    app.agent(registry_app.Billing, input=inp, output=topic_factory("out"))
+    app.agent(registry_app.Billing, input=inp, output=out)
     create_topics(broker.bootstrap, [inp], partitions=1)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 0})
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "log_level": 0}
+    )
     for i in range(8):
-        producer.produce(inp, json.dumps({"order": f"o{i}", "amount": 1.0}).encode(), key=b"k")
+        producer.produce(inp, json.dumps({"order": f"o{i}", "amount": i}).encode(), key=b"k")
     assert producer.flush(30) == 0
+    caplog.set_level(logging.INFO, logger="agents_stream")
     live = LiveWorker(app, broker=broker.url, data_dir=tmp_path / "data").start()
     try:
-        assert live.worker is not None
+        worker = live.worker
+        assert worker is not None
+        worker.registry_wait.most = 1.0  # the test waits for seconds, not minutes
         deadline = time.monotonic() + 60
-        while live.worker.fatal is None and time.monotonic() < deadline:
+        while worker.stats["registry_retries"] < 3 and time.monotonic() < deadline:
+            assert worker.fatal is None, worker.fatal
             time.sleep(0.1)
-        fatal = live.worker.fatal
-        assert isinstance(fatal, SchemaRefused), fatal
-        assert fatal.subject == subject and "HTTP 409" in fatal.reason
-        assert "reader union lacking writer type" in str(fatal)
+        assert worker.stats["registry_retries"] >= 3
+        assert worker.registry_wait.paused == 1
+        assert worker.fatal is None and live._thread is not None and live._thread.is_alive()
+        assert read_topic(broker.bootstrap, f"{inp}-dlq") == []
+        assert read_topic(broker.bootstrap, out) == []
+        assert _committed(broker.bootstrap, app_id, inp, 1) in ([], [0])
+        warned = [r for r in caplog.records if r.levelno == logging.WARNING and "paused" in r.msg]
+        assert len(warned) == 1, [r.getMessage() for r in warned]
+        line = warned[0].getMessage()
+        for phrase in (subject, "refused", "HTTP 409", f"{inp}[0]", "not dead-lettered"):
+            assert phrase in line, line
+
+        client.set_compatibility(subject, "NONE")  # the rule changed back under it
+        receipts = {r.value: r for r in wait_for_records(broker.bootstrap, out, 8, timeout=60)}
+        deadline = time.monotonic() + 30
+        while _committed(broker.bootstrap, app_id, inp, 1) != [8]:
+            assert time.monotonic() < deadline, "offset 8 not committed"
+            time.sleep(0.3)
+        assert worker.registry_wait.paused == 0
+        assert worker.fatal is None and live._thread.is_alive()
     finally:
         live.stop()
+    assert len(read_topic(broker.bootstrap, out)) == len(receipts) == 8  # each once
     assert read_topic(broker.bootstrap, f"{inp}-dlq") == []
-    # Nothing past the refused record: at most the start position (0) of the assignment.
-    assert _committed(broker.bootstrap, app_id, inp, 1) in ([], [0])
+    assert not [r for r in caplog.records if r.levelno >= logging.CRITICAL]
+    assert any("resumed" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
