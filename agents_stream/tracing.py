@@ -117,14 +117,33 @@ def _provider_from_environment() -> Any:
     provider = TracerProvider()  # resource from OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES
     added = 0
     for name in exporters:
-        found = entry_points(group="opentelemetry_traces_exporter", name=name)
+        found = [
+            point
+            for candidate in _candidates(name)
+            for point in entry_points(group="opentelemetry_traces_exporter", name=candidate)
+        ]
         if not found:
             log.warning("no OpenTelemetry span exporter named %r is installed", name)
             continue
-        exporter_class = next(iter(found)).load()
-        provider.add_span_processor(BatchSpanProcessor(exporter_class()))
+        provider.add_span_processor(BatchSpanProcessor(found[0].load()()))
         added += 1
     return provider if added else None
+
+
+def _candidates(name: str) -> list[str]:
+    """Registered exporter names for ``name``: ``otlp`` is the one of the protocol
+    ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` names, or, unset, whichever OTLP exporter is
+    installed (gRPC first, as the SDK's own default)."""
+    if name != "otlp":
+        return [name]
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", ""
+    )
+    if protocol.startswith("http"):
+        return ["otlp_proto_http"]
+    if protocol == "grpc":
+        return ["otlp_proto_grpc", "otlp"]
+    return ["otlp_proto_grpc", "otlp", "otlp_proto_http"]
 
 
 def traced_actions(specs: list[ActionSpec]) -> tuple[list[ActionSpec], Traces | None]:

@@ -5,7 +5,9 @@ executed them), and the ``traceparent`` its outputs and its dead letter carry.""
 
 from __future__ import annotations
 
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from confluent_kafka import Producer
@@ -13,7 +15,7 @@ from confluent_kafka import Producer
 from agents_stream import App, tracing
 from agents_stream.cli.dlq import read_dead_letters, replay
 from agents_stream.testing.live import LiveWorker
-from agents_stream.testing.topics import create_topics, wait_for_records
+from agents_stream.testing.topics import create_topics, produce, wait_for_records
 from tests.apps import dlq_app
 from tests.apps.effects import connect
 
@@ -24,6 +26,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 
 pytestmark = pytest.mark.broker
+
+APP = "tests.apps.dlq_app:app"
 
 UPSTREAM_TRACE = "0af7651916cd43dd8448eb211c80319c"
 UPSTREAM_SPAN = "b7ad6b7169203331"
@@ -140,3 +144,87 @@ def test_off_without_a_provider():
     tracing.use_provider(None)
     specs = dlq_app.Orders.actions()
     assert tracing.traced_actions(specs) == (specs, None)
+
+
+class _Receiver(ThreadingHTTPServer):
+    """A local OTLP/HTTP trace receiver: keeps every export request it is sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[bytes] = []
+        received = self.requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                received.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    def spans(self) -> list[tuple[str, str, dict[str, object]]]:
+        """(service name, span name, attributes) of every span received."""
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        out = []
+        for body in list(self.requests):
+            request = ExportTraceServiceRequest.FromString(body)
+            for resource in request.resource_spans:
+                service = next(
+                    a.value.string_value
+                    for a in resource.resource.attributes
+                    if a.key == "service.name"
+                )
+                for scope in resource.scope_spans:
+                    for span in scope.spans:
+                        attributes = {
+                            a.key: getattr(a.value, a.value.WhichOneof("value"))
+                            for a in span.attributes
+                        }
+                        out.append((service, span.name, attributes))
+        return out
+
+
+def test_worker_exports_over_otlp_configured_by_otel_variables(
+    broker, topic_factory, worker_factory, tmp_path
+):
+    """A worker subprocess configured only by OTEL_* variables exports its spans to an
+    OTLP/HTTP receiver."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    receiver = _Receiver()
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        db = tmp_path / "effects.sqlite"
+        connect(str(db)).close()
+        env = {
+            "AS_APP_ID": topic_factory("app"),
+            "AS_INPUT": topic_factory("in"),
+            "AS_OUTPUT": topic_factory("out"),
+            "AS_EFFECTS_DB": str(db),
+            "OTEL_SERVICE_NAME": "orders-worker",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+        create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=1)
+        worker = worker_factory(APP, env)
+        produce(broker.bootstrap, env["AS_INPUT"], [("u-1", {"order": "o1"})])
+        wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 1, timeout=60)
+        assert worker.terminate() == 0, worker.log()  # flushes what is left at exit
+        spans = receiver.spans()
+        names = {name for _, name, _ in spans}
+        assert {f"process {env['AS_INPUT']}", "Orders.process#0"} <= names, spans
+        blocks = [a for _, _, a in spans if "agents_stream.call_id" in a]
+        assert sorted(a["agents_stream.function"] for a in blocks) == [
+            "tests.apps.dlq_app.reserve",
+            "tests.apps.dlq_app.ship",
+        ]
+        assert all(a["agents_stream.replayed"] is False for a in blocks)
+        assert {service for service, _, _ in spans} == {"orders-worker"}
+    finally:
+        receiver.shutdown()
