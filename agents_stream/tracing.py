@@ -53,6 +53,9 @@ TRACESTATE = "tracestate"
 # Span contexts of calls this process executed, for the links of their replays (a replay
 # in the same process: a retried record, a partition that came back).
 _EXECUTED_KEPT = 10_000
+# Open record spans at most (far above any --max-in-flight): the oldest tenth is ended
+# past it, so records dropped without a report cannot grow the map without bound.
+_RECORDS_KEPT = 100_000
 
 # The Traces of the provider configured now (None: tracing is off); the sink and the dead
 # letters read it (they do not know the runner).
@@ -214,7 +217,13 @@ class Traces:
             },
         )
         entry = (span, self._span_context(parent))
-        self._records[(topic, record.partition, record.seq)] = entry
+        records = self._records
+        if len(records) >= _RECORDS_KEPT:  # records never reported (a stop mid-drain)
+            for stale in list(records)[: _RECORDS_KEPT // 10]:
+                dropped = records.pop(stale)[0]
+                if dropped.is_recording():  # a replayed record is there twice
+                    dropped.end()
+        records[(topic, record.partition, record.seq)] = entry
         if offset != record.seq:  # a replayed dead letter: its dead letter finds it too
             self._records[(topic, record.partition, offset)] = entry
 
@@ -234,14 +243,9 @@ class Traces:
             return
         del self._records[key]
         self._records.pop((topic, record.partition, offset), None)
-        if outcome is None:
-            pass
-        elif isinstance(outcome, BaseException):
-            span.set_attribute("agents_stream.outcome", type(outcome).__name__)
-            if isinstance(outcome, Exception):
-                span.record_exception(outcome)
-                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(outcome)))
-        else:
+        if isinstance(outcome, BaseException):  # abandoned: ownership lost, cancelled
+            span.set_attribute("agents_stream.abandoned", type(outcome).__name__)
+        elif outcome is not None:
             self._count(span, outcome)
         span.end()
 
