@@ -19,6 +19,7 @@ class PartitionLag:
     partition: int
     committed: int | None  # None: the group committed nothing here yet
     end: int
+    owner: str = ""  # the group member it is assigned to ("" : none, or not known)
 
     @property
     def lag(self) -> int:
@@ -51,11 +52,13 @@ def read_overview(app: App, bootstrap: str, *, timeout: float = 5.0) -> Overview
                 continue
             wanted += [TopicPartition(topic, p) for p in sorted(found.partitions)]
         committed = consumer.committed(wanted, timeout=timeout) if wanted else []
+        owners = _owners(bootstrap, app.id, timeout, errors)
         lags = []
         for tp in committed:
             _, high = consumer.get_watermark_offsets(tp, timeout=timeout)
             offset = tp.offset if tp.offset >= 0 else None
-            lags.append(PartitionLag(tp.topic, tp.partition, offset, high))
+            owner = owners.get((tp.topic, tp.partition), "")
+            lags.append(PartitionLag(tp.topic, tp.partition, offset, high, owner))
         letters: dict[str, int | None] = {}
         for dlq in dlqs:
             found = meta.get(dlq)
@@ -70,6 +73,29 @@ def read_overview(app: App, bootstrap: str, *, timeout: float = 5.0) -> Overview
         return Overview(lags, letters, errors)
     finally:
         consumer.close()
+
+
+def _owners(
+    bootstrap: str, group: str, timeout: float, errors: list[str]
+) -> dict[tuple[str, int], str]:
+    """(topic, partition) -> ``client id@host`` of the member of ``group`` it is
+    assigned to; {} (and a line in ``errors``) when the broker cannot describe groups."""
+    from confluent_kafka.admin import AdminClient
+
+    from ..kafka.config import admin_config
+
+    try:
+        admin = AdminClient(admin_config(bootstrap))
+        [group_info] = [f.result(timeout) for f in admin.describe_consumer_groups([group]).values()]
+    except Exception as exc:  # shown, not fatal
+        errors.append(f"owners unknown: the group {group!r} cannot be described ({exc})")
+        return {}
+    owners: dict[tuple[str, int], str] = {}
+    for member in group_info.members:
+        assignment = member.assignment
+        for tp in assignment.topic_partitions if assignment is not None else ():
+            owners[(tp.topic, tp.partition)] = f"{member.client_id}@{member.host}"
+    return owners
 
 
 class MetricsScraper:

@@ -62,20 +62,39 @@ def record_key(raw_key: bytes) -> str | None:
     return parts[1]
 
 
+# What the index keeps of a live record: partition, offset, value bytes, kind (the
+# counts' column). The bytes, not the decoded entry: a decoded CallEntry costs several
+# times its encoding, and a page decodes only the few entries of its key.
+_Stored = tuple[int, int, bytes, str]
+
+
+def _kind(entry: JournalEntry) -> str:
+    if isinstance(entry, CallEntry):
+        return entry.status.value
+    if isinstance(entry, ActionDone):
+        return "completed"
+    if isinstance(entry, MemorySnapshot):
+        return "memory"
+    return "other"
+
+
 class JournalIndex:
     """Live entries of one ActionState topic, by record key, call id, output identity,
-    plus the PENDING calls. Thread-safe: the tailer applies, pages read."""
+    plus the PENDING calls and counts per kind, all kept up to date as records arrive
+    (nothing is scanned when a page is built). Thread-safe: the tailer applies, pages
+    read."""
 
     def __init__(self, decode: Callable[[bytes, bytes], JournalEntry], origin: str) -> None:
         self._decode = decode
         self._origin = origin  # what outputs' identities start with (the app id)
         self._lock = threading.Lock()
-        self._live: dict[bytes, Located | Unreadable] = {}
+        self._live: dict[bytes, _Stored] = {}
         self._by_key: dict[str, set[bytes]] = defaultdict(set)
         self._pending: dict[bytes, CallEntry] = {}
         self._unreadable: dict[bytes, Unreadable] = {}
         self._call_ids: dict[str, str] = {}
         self._outputs: dict[str, str] = {}
+        self._counts: dict[str, int] = defaultdict(int)
         self.positions: dict[int, int] = {}  # next offset to read, per partition
         self.caught_up = False
         self.error: str | None = None  # why the tailer is not reading, if it is not
@@ -86,29 +105,34 @@ class JournalIndex:
         key = record_key(raw_key)
         with self._lock:
             self.positions[partition] = offset + 1
-            self._forget(raw_key)
+            self._forget(raw_key, key)
             if value is None:
                 return
             try:
                 entry = self._decode(raw_key, value)
             except Exception as exc:  # shown as unreadable, never fatal
                 shown = key if key is not None else raw_key.decode("utf-8", "replace")
-                bad = Unreadable(raw_key, shown, partition, offset, f"{type(exc).__name__}: {exc}")
-                self._live[raw_key] = self._unreadable[raw_key] = bad
-                self._by_key[shown].add(raw_key)
+                reason = f"{type(exc).__name__}: {exc}"
+                self._unreadable[raw_key] = Unreadable(raw_key, shown, partition, offset, reason)
+                self._keep(raw_key, shown, (partition, offset, value, "unreadable"))
                 return
-            self._live[raw_key] = Located(entry, partition, offset)
-            if key is not None:
-                self._by_key[key].add(raw_key)
+            self._keep(raw_key, key, (partition, offset, value, _kind(entry)))
             self._index(raw_key, key, entry)
 
-    def _forget(self, raw_key: bytes) -> None:
+    def _keep(self, raw_key: bytes, key: str | None, stored: _Stored) -> None:
+        self._live[raw_key] = stored
+        self._counts[stored[3]] += 1
+        if key is not None:
+            self._by_key[key].add(raw_key)
+
+    def _forget(self, raw_key: bytes, key: str | None) -> None:
         old = self._live.pop(raw_key, None)
         if old is None:
             return
+        self._counts[old[3]] -= 1
         self._pending.pop(raw_key, None)
-        self._unreadable.pop(raw_key, None)
-        shown = old.key if isinstance(old, Unreadable) else record_key(raw_key)
+        bad = self._unreadable.pop(raw_key, None)
+        shown = bad.key if bad is not None else key
         if shown is not None:
             keys = self._by_key.get(shown)
             if keys is not None:
@@ -129,8 +153,23 @@ class JournalIndex:
 
     # -- reads (the pages) ---------------------------------------------------------------
     def entries_of(self, key: str) -> list[Located | Unreadable]:
+        """``key``'s live entries, decoded (the unreadable ones as such)."""
         with self._lock:
-            return [self._live[raw] for raw in self._by_key.get(key, ())]
+            raws = [
+                (raw, self._live[raw], self._unreadable.get(raw))
+                for raw in self._by_key.get(key, ())
+            ]
+        out: list[Located | Unreadable] = []
+        for raw, (partition, offset, value, _), bad in raws:
+            if bad is not None:
+                out.append(bad)
+                continue
+            try:
+                out.append(Located(self._decode(raw, value), partition, offset))
+            except Exception as exc:  # read once already: a codec that changed since
+                reason = f"{type(exc).__name__}: {exc}"
+                out.append(Unreadable(raw, key, partition, offset, reason))
+        return out
 
     def pending(self) -> list[CallEntry]:
         """PENDING calls, oldest first."""
@@ -155,20 +194,11 @@ class JournalIndex:
             return self._outputs.get(prefix) or self._outputs.get(query + "/")
 
     def stats(self) -> dict[str, int]:
+        """Live entries, keys, and entries per kind (PENDING, SUCCEEDED, FAILED,
+        completed, memory, unreadable, other)."""
         with self._lock:
-            live = list(self._live.values())
-            keys = len(self._by_key)
-        counts: dict[str, int] = defaultdict(int)
-        for item in live:
-            if isinstance(item, Unreadable):
-                counts["unreadable"] += 1
-            elif isinstance(item.entry, CallEntry):
-                counts[item.entry.status.value] += 1
-            elif isinstance(item.entry, ActionDone):
-                counts["completed"] += 1
-            elif isinstance(item.entry, MemorySnapshot):
-                counts["memory"] += 1
-        return {"entries": len(live), "keys": keys, **counts}
+            counts = {kind: n for kind, n in self._counts.items() if n}
+            return {"entries": len(self._live), "keys": len(self._by_key), **counts}
 
 
 class JournalTailer:

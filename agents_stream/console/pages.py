@@ -121,13 +121,14 @@ def overview_body(
     else:
         parts.append(
             table(
-                ["topic", "partition", "committed", "end", "lag"],
+                ["topic", "partition", "owner", "committed", "end", "lag"],
                 (
                     (
                         "pending" if p.lag else "",
                         [
                             text(p.topic),
                             text(p.partition),
+                            text(p.owner or "-"),
                             text("-" if p.committed is None else p.committed),
                             text(p.end),
                             text(p.lag),
