@@ -187,7 +187,9 @@ def history_body(history: KeyHistory, origin: str, decode_output: object) -> str
         if run.done is not None:
             state = f"completed {text(when(run.done.finished_ms))} UTC"
             if not run.done.emitted and run.done.outputs:
-                state += " · outputs not all known to be emitted"
+                state += (
+                    " · outputs not marked emitted (recovery looks them up in the output topic)"
+                )
         topic = f"{text(run.topic)} " if run.topic else ""
         parts.append(f"<h3>{topic}seq {text(run.seq)} · {text(run.action)} · {state}</h3>")
         parts.append(
@@ -237,7 +239,7 @@ def history_body(history: KeyHistory, origin: str, decode_output: object) -> str
                                     text(
                                         "yes"
                                         if done.emitted or j in done.emitted_outputs
-                                        else "not known"
+                                        else "not marked"
                                     ),
                                 ],
                             )

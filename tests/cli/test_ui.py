@@ -1,42 +1,46 @@
 """``agents-stream ui``: the console's pages over HTTP, against real worker subprocesses
-on the broker. A record fails after its first journaled call (dead letter); the
-console shows that call, its PENDING neighbours and the dead letter read-only, refuses
-to replay, then (with --allow-replay) replays the dead letter under its original
-identity: the journaled call is shown replayed by the second worker, not executed again.
-An unreadable journal record is shown as such and breaks no page."""
+on the broker. A record fails after its first journaled call (dead letter): the console
+shows that call and the dead letter read-only and refuses to replay, then (with
+--allow-replay) replays the dead letter under its original identity: the journaled call
+is shown replayed by the second worker, not executed again. A worker killed inside a
+reconcilable call leaves it PENDING until its restart reconciles it. An unreadable
+journal record is shown as such and breaks no page."""
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 
-from agents_stream.durable.journal import ActionRef, CallEntry, CallStatus
-from agents_stream.durable.keys import call_key, entry_key_bytes
-from agents_stream.serde.journal import default_journal_codec
+from agents_stream.durable.journal import ActionRef
+from agents_stream.durable.keys import call_key
 from agents_stream.testing.topics import create_topics, produce, wait_for_records
 from tests.apps.effects import connect
+from tests.fault.scenario import CrashScenario
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.dlq_app:app"
+CRASHY = "tests.apps.crashy:app"
 
 
 class Console:
     """An ``agents-stream ui`` subprocess and an HTTP client on the address it says."""
 
-    def __init__(self, broker, env: dict[str, str], log: Path, *extra: str) -> None:
+    def __init__(self, broker, env: dict[str, str], log: Path, *extra: str, app: str = APP) -> None:
         self._log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agents_stream", "ui", "-A", APP, "--broker", broker.url,
+            [sys.executable, "-m", "agents_stream", "ui", "-A", app, "--broker", broker.url,
              "--port", "0", "--refresh", "0", *extra],
             env={**os.environ, **env}, cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=log.open("w"),
@@ -63,6 +67,12 @@ class Console:
         self.http.close()
         self.proc.terminate()
         assert self.proc.wait(30) == 0, self._log.read_text()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _produce_journal(broker, topic: str, records: list[tuple[bytes, bytes | None]]) -> None:
@@ -113,29 +123,21 @@ def test_console_pages_over_a_crashed_and_replayed_record(
         refused = ui.http.post("/dlq/replay", data={"dlq": f"{source}-dlq", "position": ""})
         assert refused.status_code == 403
         assert ui.page("/pending", "No PENDING call")
-
-        # A reconcilable call journaled PENDING shows up, oldest first, until its outcome
-        # is journaled in the same slot (what the reconciler's run writes).
-        codec = default_journal_codec(None, journal)
-        ref = ActionRef("c8", 99, "Orders.process#0", 0, source)
-        pending = CallEntry(ref, 0, "tests.apps.dlq_app.reserve", "d1", CallStatus.PENDING,
-                            call_id="pay-c8", started_ms=int(time.time() * 1000) - 90_000,
-                            worker_id="w-gone")  # fmt: skip
-        _produce_journal(broker, journal, [(entry_key_bytes(pending), codec.encode(pending))])
-        shown = ui.page("/pending", "pay-c8")
-        assert "90 s" in shown and "reconciler of" in shown
-        settled = CallEntry(ref, 0, "tests.apps.dlq_app.reserve", "d1", CallStatus.SUCCEEDED,
-                            call_id="pay-c8", result=b'"ok"', worker_id="w-back")  # fmt: skip
-        _produce_journal(broker, journal, [(entry_key_bytes(settled), codec.encode(settled))])
-        ui.page("/pending", "No PENDING call")
     finally:
         ui.close()
 
     # With --allow-replay, after the fix: the dead letter replayed from the page runs under
     # its original identity; the reservation is replayed, not executed again.
-    fixed = worker_factory(APP, {**env, "AS_FIXED": "1"})
-    ui = Console(broker, env, tmp_path / "ui-2.log", "--allow-replay")
+    metrics_port = _free_port()
+    fixed = worker_factory(
+        APP, {**env, "AS_FIXED": "1"}, extra_args=["--metrics-port", str(metrics_port)]
+    )
+    metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    ui = Console(broker, env, tmp_path / "ui-2.log", "--allow-replay", "--metrics", metrics)
     try:
+        # The overview: the running worker's partitions, owner and metrics endpoint.
+        home = ui.page("/", metrics)
+        assert "records_total" in home and "calls_replayed_total" in home
         letters = ui.page("/dlq", "replay all 1")
         token = re.search(r'name="token" value="([^"]+)"', letters).group(1)
         position = re.search(r'name="position" value="(\d+:\d+)"', letters).group(1)
@@ -173,3 +175,30 @@ def test_console_pages_over_a_crashed_and_replayed_record(
         assert ui.http.get("/search", params={"q": "no-such-thing"}).status_code == 200
     finally:
         ui.close()
+
+
+def test_a_pending_call_of_a_killed_worker_until_its_reconciler_settles_it(
+    broker, topic_factory, worker_factory, tmp_path
+):
+    """A worker SIGKILLed inside a reconcilable call leaves it PENDING: the console lists
+    it (and its key's page) until the restarted worker's reconciler journals its outcome."""
+    crash = CrashScenario(broker, topic_factory, tmp_path, partial(worker_factory, CRASHY))
+    crash.arm("in-charge")
+    worker = crash.start()
+    crash.send({"scenario": "reconcile", "n": 50})
+    crash.wait_parked("in-charge", worker)  # PENDING acked, the charge made, no result
+    worker.kill()
+    ui = Console(broker, crash.env, tmp_path / "ui.log", app=CRASHY)
+    try:
+        listed = ui.page("/pending", "crashy.charge")
+        assert "key-50" in listed and "reconciler of" in listed
+        assert "PENDING" in ui.page("/key/key-50", "crashy.charge")
+        crash.disarm("in-charge")
+        restarted = crash.start()
+        assert crash.outputs(1)[0]["charge"] == {"charged": 50, "by": "reconciler"}
+        ui.page("/pending", "No PENDING call")
+        assert "SUCCEEDED" in ui.page("/key/key-50")
+    finally:
+        ui.close()
+    assert restarted.terminate() == 0, restarted.log()
+    assert crash.effects()["charge"] == 1  # reconciled, not charged again
