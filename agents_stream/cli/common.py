@@ -48,6 +48,20 @@ def load_app(spec: str) -> App:
     return app
 
 
+def app_and_broker(args: argparse.Namespace) -> tuple[App, str]:
+    """The app of ``-A`` with its clients configured, and the broker it resolves
+    (``--broker``, ``$AGENTS_STREAM_BROKER``, ``App(broker=)``); ConfigurationError when
+    none is configured."""
+    app = load_app(args.app)
+    configure_clients(app, args)
+    bootstrap = app.resolve_broker(args.broker)
+    if not bootstrap:
+        raise ConfigurationError(
+            "no broker configured: pass --broker, set AGENTS_STREAM_BROKER or App(broker=)"
+        )
+    return app, bootstrap
+
+
 def add_app_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-A", "--app", required=True, help="the App to use, as module:attribute")
     parser.add_argument(

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import AgentsStreamError, ConfigurationError, KafkaIOError
 from ..host.dlq import DLQ_HEADERS, replay_header, replay_of
-from .common import add_app_args, configure_clients, load_app, setup_logging
+from .common import add_app_args, app_and_broker, setup_logging
 
 
 @dataclass(frozen=True)
@@ -163,13 +163,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _resolve(args: argparse.Namespace) -> tuple[str, list[str]]:
-    app = load_app(args.app)
-    configure_clients(app, args)
-    bootstrap = app.resolve_broker(args.broker)
-    if not bootstrap:
-        raise ConfigurationError(
-            "no broker configured: pass --broker, set AGENTS_STREAM_BROKER or App(broker=)"
-        )
+    app, bootstrap = app_and_broker(args)
     inputs = list(app.input_topics)
     if args.topic is not None:
         if args.topic not in inputs:

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "agents_stream.cli.dlq",
     "agents_stream.cli.schemas",
     "agents_stream.cli.spark",
+    "agents_stream.cli.ui",
 )
 
 

@@ -19,8 +19,8 @@ import os
 import sys
 from typing import Any
 
-from ..errors import AgentsStreamError, ConfigurationError
-from .common import add_app_args, configure_clients, load_app, positive_int, setup_logging
+from ..errors import AgentsStreamError
+from .common import add_app_args, app_and_broker, positive_int, setup_logging
 
 
 def register(subparsers: Any) -> None:
@@ -114,13 +114,7 @@ def _session(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from ..spark.session import check_java, get_spark, register_data_sources
 
     setup_logging(args.loglevel)
-    app = load_app(args.app)
-    configure_clients(app, args)
-    bootstrap = app.resolve_broker(args.broker)
-    if not bootstrap:
-        raise ConfigurationError(
-            "no broker configured: pass --broker, set AGENTS_STREAM_BROKER or App(broker=)"
-        )
+    app, bootstrap = app_and_broker(args)
     name = f"agents-stream-{args.spark_command}-{app.id}"
     if os.environ.get("PYSPARK_GATEWAY_PORT") and not args.master:
         # Under spark-submit: keep the master and resources spark-submit configured.

@@ -26,9 +26,9 @@ from ..durable.journal import (
     action_ordinal,
 )
 from ..durable.values import MAGIC, VERSION
-from ..errors import AgentsStreamError, ConfigurationError
+from ..errors import AgentsStreamError
 from ..serde.journal import JournalCodec, default_journal_codec
-from .common import add_app_args, configure_clients, load_app, setup_logging
+from .common import add_app_args, app_and_broker, setup_logging
 from .state_read import add_read_args, identity, read_latest
 from .state_tombstone import register_tombstone
 
@@ -101,13 +101,7 @@ def run_stats(args: argparse.Namespace) -> int:
 def _read(args: argparse.Namespace, wanted: Any) -> tuple[str, list[JournalEntry]] | None:
     setup_logging(args.loglevel)
     try:
-        app = load_app(args.app)
-        configure_clients(app, args)
-        bootstrap = app.resolve_broker(args.broker)
-        if not bootstrap:
-            raise ConfigurationError(
-                "no broker configured: pass --broker, set AGENTS_STREAM_BROKER or App(broker=)"
-            )
+        app, bootstrap = app_and_broker(args)
         topic = app.action_state_topic
         codec = default_journal_codec(app.schema_registry_url, topic)
         values = read_latest(bootstrap, topic, timeout=args.timeout, wanted=wanted)
@@ -172,7 +166,7 @@ def format_key(entries: list[JournalEntry]) -> list[str]:
                 f"journal had {cut.recorded_function_id} ({cut.dropped} dropped)"
             )
     for snap in memory:
-        values = ", ".join(f"{k}={_short(v)}" for k, v in sorted(snap.values.items()))
+        values = ", ".join(f"{k}={short_payload(v)}" for k, v in sorted(snap.values.items()))
         lines.append(f"  memory (after seq {snap.applied_seq}): {values or '(empty)'}")
     for timer in sorted(timers, key=lambda t: (t.kind, t.ts)):
         lines.append(f"  timer {timer.kind} at {timer.ts} for {timer.agent or '?'}")
@@ -220,19 +214,21 @@ def _action_name(action: str) -> str:
 
 def _outcome(call: CallEntry) -> str:
     if call.exception is not None:
-        return f"exception {call.exception.type}: {_short(call.exception.message.encode())}"
+        return f"exception {call.exception.type}: {short_payload(call.exception.message.encode())}"
     if call.result is not None:
-        return f"result {_short(call.result)}"
+        return f"result {short_payload(call.result)}"
     return ""
 
 
-def _short(data: bytes | None) -> str:
+def short_payload(data: bytes | None, limit: int = _SHORT, absent: str = "(deleted)") -> str:
+    """A journaled payload as text: the tagged JSON of the exact value encoding, else
+    UTF-8, else hex; at most ``limit`` characters."""
     if data is None:
-        return "(deleted)"
+        return absent
     if data[:2] == MAGIC + VERSION:  # the exact value encoding: show its tagged JSON
         data = data[2:]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = "0x" + data.hex()
-    return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -20,9 +20,9 @@ from typing import Any
 
 from ..durable.errors import JournalDecodeError
 from ..durable.keys import SEP, identity_fields
-from ..errors import AgentsStreamError, ConfigurationError
+from ..errors import AgentsStreamError
 from ..serde.journal import JournalCodec, default_journal_codec
-from .common import add_app_args, configure_clients, load_app, setup_logging
+from .common import add_app_args, app_and_broker, setup_logging
 from .state_read import add_read_args, identity, read_latest
 
 
@@ -61,13 +61,7 @@ def matches(raw_key: bytes, args: argparse.Namespace) -> bool:
 def run_tombstone(args: argparse.Namespace) -> int:
     setup_logging(args.loglevel)
     try:
-        app = load_app(args.app)
-        configure_clients(app, args)
-        bootstrap = app.resolve_broker(args.broker)
-        if not bootstrap:
-            raise ConfigurationError(
-                "no broker configured: pass --broker, set AGENTS_STREAM_BROKER or App(broker=)"
-            )
+        app, bootstrap = app_and_broker(args)
         topic = app.action_state_topic
         codec = default_journal_codec(app.schema_registry_url, topic)
         where: dict[bytes, int] = {}

@@ -82,6 +82,7 @@ from .pool import CodeBlockPool
 from .timers import Timers
 
 if TYPE_CHECKING:
+    from ..tracing import CallTrace
     from .store import ActionStateStore
 
 log = logging.getLogger("agents_stream.durable")
@@ -247,6 +248,9 @@ class RunnerContext:
     ``execute``/``execute_async`` are durable code blocks (see module docstring);
     ``short_term_memory``, ``timers`` and ``send_event`` must not be used inside them.
     """
+
+    # Set by a traced action (tracing.py) to get its code blocks' spans.
+    _trace: CallTrace | None = None
 
     def __init__(
         self,
@@ -744,6 +748,8 @@ class RunnerContext:
         self._wait(self._store.append([*tombstones, evidence], self.ref.partition))
 
     def _replay(self, slot: CallEntry) -> Any:
+        if self._trace is not None:
+            self._trace.replayed(slot)
         if slot.status is CallStatus.FAILED:
             if slot.exception is None or slot.result is not None:
                 raise self._corrupt(
@@ -852,6 +858,8 @@ class RunnerContext:
 
     def _append(self, entry: CallEntry) -> Future[None]:
         self._journal[entry.index] = entry
+        if self._trace is not None:
+            self._trace.journaled(entry)
         return self._store.append([entry], self.ref.partition)
 
 

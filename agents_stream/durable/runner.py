@@ -46,6 +46,7 @@ from ..ackfuture import then
 from ..agent import ActionSpec, Agent
 from ..errors import PartialSendError
 from ..events import Event, EventError, InputEvent, TimerEvent
+from ..tracing import traced_actions
 from .acks import acked
 from .bridge import run_bridged, run_coroutine_bridged
 from .context import ContextConfig, RunnerContext
@@ -147,7 +148,8 @@ class ActionRunner:
         self.sends_stored = type(config.codec) is JsonCodec and self.sink.takes_stored
         self.on_timers = on_timers
         self.emitted_markers = emitted_markers
-        self._actions = agent.actions()
+        # Each action in its span when OpenTelemetry is configured (tracing.py).
+        self._actions, self.traces = traced_actions(agent.actions())
         # The lane (durable/lane.py) runs the first action of many records
         # together when the input has exactly one listener.
         first = [a for a in self._actions if issubclass(InputEvent, a.listens)]

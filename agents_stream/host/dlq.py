@@ -18,6 +18,7 @@ from concurrent.futures import Future
 
 from confluent_kafka import Message
 
+from .. import tracing
 from ..kafka.producer import AckingProducer
 
 REPLAY_HEADER = "x-replay-of"
@@ -81,6 +82,12 @@ class DeadLetters:
     def send(self, msg: Message, stage: str, exc: BaseException) -> Future[None]:
         """Copy ``msg`` (key, value, headers) to its DLQ; stage is "decode" or "action"."""
         headers = list(msg.headers() or [])
+        traces = tracing.CURRENT
+        if traces is not None:  # the failed run's span: a replay continues its trace
+            ours = traces.headers_for(msg.topic(), msg.partition(), msg.offset())
+            if ours:
+                names = {name for name, _ in ours}
+                headers = [h for h in headers if h[0] not in names] + ours
         headers += [
             ("x-error-stage", stage.encode()),
             ("x-error-type", f"{type(exc).__module__}.{type(exc).__qualname__}".encode()),

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
+from .. import tracing
 from ..ackfuture import AckFuture
 from ..durable.journal import ActionDone
 from ..durable.output_identity import OUTPUT_HEADER, output_prefix
@@ -156,11 +157,15 @@ class KafkaOutputSink(Sink):
         indexes: Sequence[int] | None,
     ) -> _Record:
         payloads = self._payloads(values, stored)
+        traces = tracing.CURRENT
+        trace = []
+        if traces is not None and done is not None:  # the record's span (tracing.py)
+            trace = traces.headers_for(done.ref.topic, done.ref.partition, done.ref.seq)
         if done is None or not self._origin:
-            return key.encode(), payloads, None
+            return key.encode(), payloads, [list(trace) for _ in payloads] if trace else None
         prefix = output_prefix(self._origin, done)
         numbers = range(len(payloads)) if indexes is None else indexes
-        headers = [[(OUTPUT_HEADER, f"{prefix}{j}".encode())] for j in numbers]
+        headers = [[(OUTPUT_HEADER, f"{prefix}{j}".encode()), *trace] for j in numbers]
         return key.encode(), payloads, headers
 
     def _send(self, record: _Record) -> Future[None]:

@@ -123,7 +123,7 @@ class AgentHost:
             replayed = self._replayed_seq(msg, headers)
             if replayed is not None:
                 seq = replayed
-        return RecordInput(
+        record = RecordInput(
             key=key,
             seq=seq,
             value=value,
@@ -133,6 +133,9 @@ class AgentHost:
             keyless=keyless,
             source=msg,
         )
+        if self.runner.traces is not None:
+            self.runner.traces.begin(msg.topic(), record, offset)
+        return record
 
     async def _conclude(
         self, msg: Message, key: str, record: RecordInput, outcome: RecordOutcome | Exception
@@ -331,6 +334,7 @@ class PartitionLane:
     def __init__(self, host: AgentHost) -> None:
         self._host = host
         self._controller = host.controller
+        self._traces = host.runner.traces  # tracing.py; None when OpenTelemetry is off
         # A key's next record may start once this one's ActionDone is acked and its
         # outputs are sent, before they are acked. If they then fail, the record is dead-
         # lettered and the next one's outputs follow, as when it ran after the failure.
@@ -358,6 +362,8 @@ class PartitionLane:
     def report(self, ticket: Admitted, outcome: Ended) -> None:
         record = cast(RecordInput, ticket.payload)
         msg = cast(Message, record.source)
+        if self._traces is not None:  # a failed one's span ends once it is concluded
+            self._traces.end(msg.topic(), record, msg.offset(), outcome)
         if isinstance(outcome, RecordOutcome):
             self._host._finished(msg, record, outcome)
             self._controller.finished([ticket], True)
@@ -372,6 +378,9 @@ class PartitionLane:
 
     def _concluded(self, ticket: Admitted, task: asyncio.Future[None]) -> None:
         self._tails.discard(task)
+        if self._traces is not None:  # after its dead letter, which carries its traceparent
+            record = ticket.payload
+            self._traces.end(record.source.topic(), record, record.source.offset(), None)
         self._controller.finished([ticket], not task.cancelled() and task.exception() is None)
 
     def finished(self, done: list[tuple[Admitted, RecordOutcome]]) -> None:
@@ -382,6 +391,8 @@ class PartitionLane:
         outputs = 0
         for ticket, outcome in done:
             record: RecordInput = ticket.payload
+            if self._traces is not None:
+                self._traces.end(record.source.topic(), record, record.source.offset(), outcome)
             if record.headers:
                 host._keep_replayed(record)
             outputs += len(outcome.outputs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,7 @@ def test_keys_are_released_before_the_outputs_ack_only_when_failures_are_dead_le
     first. Dead-lettered, the failed record's outputs never come before the next's."""
     host = AgentHost.__new__(AgentHost)  # only what a lane reads of it
     host._on_error = on_error  # type: ignore[assignment]
-    host.runner = object()  # type: ignore[assignment]
+    host.runner = SimpleNamespace(traces=None)  # type: ignore[assignment]
     host.controller = object()  # type: ignore[assignment]
 
     async def make() -> PartitionLane:
@@ -38,7 +39,7 @@ def test_a_partition_gets_a_new_lane_once_a_drain_stopped_its_lane() -> None:
 
     host = AgentHost.__new__(AgentHost)
     host._on_error = "dlq"  # type: ignore[assignment]
-    host.runner = object()  # type: ignore[assignment]
+    host.runner = SimpleNamespace(traces=None)  # type: ignore[assignment]
     host.controller = object()  # type: ignore[assignment]
     host._lanes = {}
     host.kept = set()  # type: ignore[assignment]

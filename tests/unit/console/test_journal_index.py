@@ -1,0 +1,76 @@
+"""The console's journal index and a key's history, fed records as the tailer would,
+encoded with the real journal codec (no broker)."""
+
+from __future__ import annotations
+
+from agents_stream.console.history import key_history
+from agents_stream.console.journal import JournalIndex, Located
+from agents_stream.durable.journal import ActionDone, ActionRef, CallEntry, CallStatus
+from agents_stream.durable.keys import entry_key_bytes
+from agents_stream.durable.output_identity import output_prefix
+from agents_stream.serde.journal import JournalCodec, default_journal_codec
+
+REF = ActionRef("u-17", 5, "Charges.process#0", 0, "orders")
+
+
+def _call(index: int, status: CallStatus, worker: str, started: int = 1000) -> CallEntry:
+    return CallEntry(REF, index, f"app.step{index}", f"d{index}", status,
+                     result=b'"ok"' if status is CallStatus.SUCCEEDED else None,
+                     call_id=REF.call_id("pay", index), started_ms=started,
+                     finished_ms=started + 5, worker_id=worker)  # fmt: skip
+
+
+def _index() -> tuple[JournalIndex, JournalCodec]:
+    codec = default_journal_codec(None, "pay-action-state")
+    return JournalIndex(codec.decode, "pay"), codec
+
+
+def _put(index: JournalIndex, codec: JournalCodec, entry, offset: int) -> None:
+    index.apply(entry_key_bytes(entry), codec.encode(entry), 0, offset)
+
+
+def test_a_call_written_before_a_later_workers_call_is_shown_replayed():
+    index, codec = _index()
+    _put(index, codec, _call(0, CallStatus.SUCCEEDED, "host-1"), 0)
+    _put(index, codec, _call(1, CallStatus.SUCCEEDED, "host-2"), 1)
+    [run] = key_history("u-17", index.entries_of("u-17")).runs
+    assert [c.replayed for c in run.calls] == [
+        "replayed by host-2",
+        "to be replayed by the next run",
+    ]
+    done = ActionDone(REF, outputs=(b'{"x":1}',), calls=2, finished_ms=9)
+    _put(index, codec, done, 2)
+    [run] = key_history("u-17", index.entries_of("u-17")).runs
+    assert [c.replayed for c in run.calls] == ["replayed by host-2", ""]
+    identity = f"{output_prefix('pay', done)}0"
+    assert run.output_identities("pay") == [identity]
+    assert index.find(identity) == "u-17"
+    assert index.find(REF.call_id("pay", 1)) == "u-17"
+    assert index.find("u-17") == "u-17" and index.find("nobody") is None
+
+
+def test_pending_calls_oldest_first_until_their_outcome_or_tombstone():
+    index, codec = _index()
+    late, early = _call(1, CallStatus.PENDING, "w", 2000), _call(0, CallStatus.PENDING, "w", 1000)
+    _put(index, codec, late, 0)
+    _put(index, codec, early, 1)
+    assert [c.index for c in index.pending()] == [0, 1]
+    _put(index, codec, _call(0, CallStatus.SUCCEEDED, "w"), 2)  # reconciled: same slot
+    index.apply(entry_key_bytes(late), None, 0, 3)  # tombstoned
+    assert index.pending() == []
+    assert index.stats()["SUCCEEDED"] == 1 and index.stats()["entries"] == 1
+
+
+def test_an_unreadable_record_is_kept_with_its_position_and_reason():
+    index, codec = _index()
+    raw = entry_key_bytes(_call(0, CallStatus.SUCCEEDED, "w"))
+    index.apply(raw, b"\x00\x00\x00\x00\x09not avro", 0, 41)
+    [bad] = index.unreadable()
+    assert (bad.key, bad.partition, bad.offset) == ("u-17", 0, 41) and bad.reason
+    history = key_history("u-17", index.entries_of("u-17"))
+    assert history.unreadable == [bad] and history.runs == []
+    _put(index, codec, _call(0, CallStatus.SUCCEEDED, "w"), 42)  # a newer, readable value
+    assert index.unreadable() == []
+    assert isinstance(index.entries_of("u-17")[0], Located)
+    index.apply(b"\xff\xfe", b"junk", 1, 0)  # not even a key this version knows
+    assert index.unreadable()[0].key == "\ufffd\ufffd"
