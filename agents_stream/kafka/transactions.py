@@ -218,7 +218,12 @@ class TransactionalProducer(AckingProducer):
                 failure = blocked
             except KafkaException as exc:
                 failure = _failed("abort", exc)
-                if not failure.fenced:
+                # _CONFLICT: a commit that timed out (a coordinator or leader moving) is
+                # still "in progress" in librdkafka, and every abort conflicts with it
+                # until it is resumed; seen on a three-node cluster, where the worker
+                # retried the abort every 10 s and never processed again. A new producer
+                # settles it instead (see _renew), as for a fenced one.
+                if not failure.fenced and failure.code != KafkaError._CONFLICT:
                     # Timed out (a coordinator moving): the host calls abort() again,
                     # which resumes this one; no transaction may begin meanwhile.
                     self._aborting = True
