@@ -178,6 +178,12 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
         fault("leader of an input partition", cluster.leader("eos-in", 0), True, 10)
         for f in fleets:
             assert_survivors(f.workers)
+    except BaseException:
+        # The workers are this test's own processes, not a fixture's: a failed fault must
+        # not leave them running (they loaded every later test of the session).
+        for f in fleets:
+            f.stop()
+        raise
     finally:
         sent = {f.guarantee: f.feeder.finish() for f in fleets}
     results = []
