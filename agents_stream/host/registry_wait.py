@@ -9,9 +9,11 @@ the record is neither dead-lettered nor committed, and its partition waits.
 What a host does with a :class:`~agents_stream.serde.errors.RegistryError` out of a record,
 in order (:meth:`RegistryWait.retry`):
 
-1. The first record of a partition to meet it logs one WARNING (partition, subject,
-   version, the server's reason) and asks the host to stop fetching that partition
-   (``pause``); records of it already fetched meet the same refusal and wait too, silently.
+1. A record of a partition that is not waiting yet is tried again at once (its failure
+   may predate the end of the partition's last wait). Refused again, it logs one WARNING
+   (partition, subject, version, the server's reason) and asks the host to stop fetching
+   that partition (``pause``); records of it already fetched meet the same refusal and
+   wait too, silently.
 2. Each waiting record tries again after a backoff (``first`` seconds, doubled up to
    ``most``), or at once when another record of its partition got through. Every attempt
    counts in ``registry_retries`` (``agents_stream_registry_retries_total``).
@@ -100,6 +102,16 @@ class RegistryWait:
         """
         tp = (topic, partition)
         waiting = self._waiting.get(tp)
+        if waiting is None:
+            # The failure may be older than the partition's last wait (a record decoded
+            # while the registry was down, run after it came back): asked again at once
+            # before a new wait is declared.
+            self._stats["registry_retries"] += 1
+            try:
+                return await attempt()
+            except RegistryError as again:
+                exc = again
+            waiting = self._waiting.get(tp)
         if waiting is None:
             waiting = self._waiting[tp] = _Waiting()
             log.warning(
