@@ -21,8 +21,9 @@ in order (:meth:`RegistryWait.retry`):
    the record goes on as if it had never failed. Its journaled calls that were acked are
    replayed, not run again (the refused write was never acked).
 
-A revoke or a shutdown cancels the waits (the record stays uncommitted; its next owner
-runs it). Commits stop at the waiting record, so nothing after it is lost either.
+A revoke cancels the waits; a shutdown ends them at once (:meth:`RegistryWait.stop`: the
+host does not sit out a backoff on SIGTERM). Either way the record stays uncommitted and
+its next owner runs it. Commits stop at the waiting record, so nothing after it is lost either.
 """
 
 from __future__ import annotations
@@ -75,11 +76,18 @@ class RegistryWait:
         self.first = first
         self.most = most
         self._waiting: dict[tuple[str, int], _Waiting] = {}
+        self._stopped = False
 
     @property
     def paused(self) -> int:
         """Partitions waiting for the registry now (``agents_stream_registry_paused_partitions``)."""
         return len(self._waiting)
+
+    def stop(self) -> None:
+        """The host is stopping: every wait ends now, abandoned (CancelledError)."""
+        self._stopped = True
+        for waiting in self._waiting.values():
+            waiting.through.set()
 
     @staticmethod
     def waits_on(exc: BaseException) -> bool:
@@ -129,6 +137,8 @@ class RegistryWait:
                     await asyncio.wait_for(waiting.through.wait(), delay)
                 except TimeoutError:
                     pass
+                if self._stopped:
+                    raise asyncio.CancelledError  # abandoned, not failed: not committed
                 delay = min(delay * 2, self.most)
                 self._stats["registry_retries"] += 1
                 try:
