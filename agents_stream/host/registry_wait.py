@@ -36,7 +36,7 @@ from typing import TypeVar
 
 from ..serde.errors import RegistryError
 
-log = logging.getLogger("agents_stream.worker")
+log = logging.getLogger("agents_stream.host")  # the worker and the Faust host
 
 T = TypeVar("T")
 Pause = Callable[[str, int, bool], None]
@@ -114,7 +114,7 @@ class RegistryWait:
             # The failure may be older than the partition's last wait (a record decoded
             # while the registry was down, run after it came back): asked again at once
             # before a new wait is declared.
-            self._stats["registry_retries"] += 1
+            self._count()
             try:
                 return await attempt()
             except RegistryError as again:
@@ -140,7 +140,7 @@ class RegistryWait:
                 if self._stopped:
                     raise asyncio.CancelledError  # abandoned, not failed: not committed
                 delay = min(delay * 2, self.most)
-                self._stats["registry_retries"] += 1
+                self._count()
                 try:
                     result = await attempt()
                 except RegistryError as again:
@@ -154,6 +154,9 @@ class RegistryWait:
                 return result
         finally:
             self._left(tp, waiting, where)
+
+    def _count(self) -> None:
+        self._stats["registry_retries"] = self._stats.get("registry_retries", 0) + 1
 
     def _left(self, tp: tuple[str, int], waiting: _Waiting, where: str) -> None:
         waiting.records -= 1
