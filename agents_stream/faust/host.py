@@ -63,6 +63,7 @@ from ..errors import ConfigurationError
 from ..host.kit import DurableHost
 from ..host.policy import OnError
 from ..host.progress import CompletedThrough
+from ..host.registry_wait import RegistryWait
 from ..kafka.admin import TopicAdmin, TopicSpec, compacted
 from ..kafka.config import configure
 from ..kafka.producer import AckingProducer
@@ -213,7 +214,11 @@ class DurableAgent:
         self._start_lock = asyncio.Lock()
         self._assign_lock = asyncio.Lock()
         self._timers_warned = False
+        self._registry_stats: dict[str, int] = {}
         self.rerun_completed = rerun_completed
+        # A record the schema registry refuses mid-run waits and runs again, as on the
+        # worker (host/registry_wait.py); Faust's stream holds the partition meanwhile.
+        self.registry_wait = RegistryWait(self._registry_stats)
 
         self.faust_agent = faust_app.agent(
             self.topic, name=name or f"agents_stream.{self.app_id}.{agent.__name__}"
@@ -245,7 +250,7 @@ class DurableAgent:
 
     @property
     def stats(self) -> dict[str, int]:
-        return dict(self.handler.stats) if self.handler else {}
+        return {**(self.handler.stats if self.handler else {}), **self._registry_stats}
 
     # -- Faust agent ------------------------------------------------------------------
     async def _consume(self, stream: Any) -> None:
@@ -359,6 +364,7 @@ class DurableAgent:
             crash=self.faust_app.crash,
             owns=self._owned.__contains__,
             progress=self.progress,
+            registry_wait=self.registry_wait,
         )
 
     def _ensure_topics(self) -> None:
@@ -432,6 +438,7 @@ class DurableAgent:
                     self.store.revoke(tp.partition)
 
     async def _on_shutdown(self, sender: Any, **_: Any) -> None:
+        self.registry_wait.stop()  # a record waiting for the registry: abandoned, unacked
         if self.producer is not None:
             await asyncio.to_thread(self.producer.close)
         if self.store is not None:

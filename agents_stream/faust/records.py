@@ -32,6 +32,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any, Protocol
 
 from ..durable.ownership import OwnershipLost
@@ -39,6 +40,8 @@ from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.dlq import REPLAY_HEADER, original_identity
 from ..host.policy import OnError, judge, record_where
 from ..host.progress import CompletedThrough, KeptJournals
+from ..host.registry_wait import RegistryWait
+from ..serde.errors import RegistryError
 
 log = logging.getLogger("agents_stream.faust")
 
@@ -162,6 +165,8 @@ class FaustRecordHandler:
         on_error: ``"dlq"`` or ``"fail"``, as ``App(on_error=...)``.
         crash: called with the exception when the host must stop (Faust ``app.crash``).
         owns: whether this host still owns an input partition (revoked -> abandon).
+        registry_wait: where a record the schema registry refused mid-run waits and is
+            run again (``host/registry_wait.py``); None: such a record crashes the app.
     """
 
     def __init__(
@@ -173,12 +178,14 @@ class FaustRecordHandler:
         crash: Callable[[BaseException], Awaitable[None]],
         owns: Callable[[int], bool],
         progress: CompletedThrough | None = None,
+        registry_wait: RegistryWait | None = None,
     ) -> None:
         self.runner = runner
         self.dead_letters = dead_letters
         self.on_error = on_error
         self._crash = crash
         self._owns = owns
+        self._registry = registry_wait
         self.failed: BaseException | None = None
         self.kept = KeptJournals()
         # Completed-through markers (host/progress.py), loaded by the host on assignment.
@@ -213,7 +220,17 @@ class FaustRecordHandler:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            return await self._failed(event, record, exc)
+            if not (isinstance(exc, RegistryError) and self._registry is not None):
+                return await self._failed(event, record, exc)
+            try:  # not the record's fault: it waits for the registry, then runs again
+                outcome = await self._registry.retry(
+                    event.message.topic, record.partition, self._where(event, record), exc,
+                    partial(self.runner.run, record),
+                )  # fmt: skip
+            except asyncio.CancelledError:
+                raise
+            except Exception as again:
+                return await self._failed(event, record, again)
         self._count(outcome)
         if record.seq != offset:
             self.kept.add((record.partition, offset))
@@ -228,9 +245,14 @@ class FaustRecordHandler:
         self.stats["outputs_found"] += outcome.outputs_found
         self.stats["outputs_resent"] += outcome.outputs_resent
 
+    @staticmethod
+    def _where(event: FaustEvent, record: RecordInput) -> str:
+        msg = event.message
+        return record_where(msg.topic, record.partition, int(msg.offset), record.key)
+
     async def _failed(self, event: FaustEvent, record: RecordInput, exc: Exception) -> bool:
         msg = event.message
-        where = record_where(msg.topic, record.partition, int(msg.offset), record.key)
+        where = self._where(event, record)
         if isinstance(exc, OwnershipLost) or not self._owns(record.partition):
             self.stats["abandoned"] += 1
             log.info("%s abandoned: partition revoked while it ran (%r)", where, exc)

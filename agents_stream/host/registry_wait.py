@@ -9,9 +9,11 @@ the record is neither dead-lettered nor committed, and its partition waits.
 What a host does with a :class:`~agents_stream.serde.errors.RegistryError` out of a record,
 in order (:meth:`RegistryWait.retry`):
 
-1. The first record of a partition to meet it logs one WARNING (partition, subject,
-   version, the server's reason) and asks the host to stop fetching that partition
-   (``pause``); records of it already fetched meet the same refusal and wait too, silently.
+1. A record of a partition that is not waiting yet is tried again at once (its failure
+   may predate the end of the partition's last wait). Refused again, it logs one WARNING
+   (partition, subject, version, the server's reason) and asks the host to stop fetching
+   that partition (``pause``); records of it already fetched meet the same refusal and
+   wait too, silently.
 2. Each waiting record tries again after a backoff (``first`` seconds, doubled up to
    ``most``), or at once when another record of its partition got through. Every attempt
    counts in ``registry_retries`` (``agents_stream_registry_retries_total``).
@@ -19,8 +21,9 @@ in order (:meth:`RegistryWait.retry`):
    the record goes on as if it had never failed. Its journaled calls that were acked are
    replayed, not run again (the refused write was never acked).
 
-A revoke or a shutdown cancels the waits (the record stays uncommitted; its next owner
-runs it). Commits stop at the waiting record, so nothing after it is lost either.
+A revoke cancels the waits; a shutdown ends them at once (:meth:`RegistryWait.stop`: the
+host does not sit out a backoff on SIGTERM). Either way the record stays uncommitted and
+its next owner runs it. Commits stop at the waiting record, so nothing after it is lost either.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import TypeVar
 
 from ..serde.errors import RegistryError
 
-log = logging.getLogger("agents_stream.worker")
+log = logging.getLogger("agents_stream.host")  # the worker and the Faust host
 
 T = TypeVar("T")
 Pause = Callable[[str, int, bool], None]
@@ -73,11 +76,18 @@ class RegistryWait:
         self.first = first
         self.most = most
         self._waiting: dict[tuple[str, int], _Waiting] = {}
+        self._stopped = False
 
     @property
     def paused(self) -> int:
         """Partitions waiting for the registry now (``agents_stream_registry_paused_partitions``)."""
         return len(self._waiting)
+
+    def stop(self) -> None:
+        """The host is stopping: every wait ends now, abandoned (CancelledError)."""
+        self._stopped = True
+        for waiting in self._waiting.values():
+            waiting.through.set()
 
     @staticmethod
     def waits_on(exc: BaseException) -> bool:
@@ -101,6 +111,16 @@ class RegistryWait:
         tp = (topic, partition)
         waiting = self._waiting.get(tp)
         if waiting is None:
+            # The failure may be older than the partition's last wait (a record decoded
+            # while the registry was down, run after it came back): asked again at once
+            # before a new wait is declared.
+            self._count()
+            try:
+                return await attempt()
+            except RegistryError as again:
+                exc = again
+            waiting = self._waiting.get(tp)
+        if waiting is None:
             waiting = self._waiting[tp] = _Waiting()
             log.warning(
                 "%s: %s; not a bad record: not dead-lettered, not committed; partition %s[%d] "
@@ -117,8 +137,10 @@ class RegistryWait:
                     await asyncio.wait_for(waiting.through.wait(), delay)
                 except TimeoutError:
                     pass
+                if self._stopped:
+                    raise asyncio.CancelledError  # abandoned, not failed: not committed
                 delay = min(delay * 2, self.most)
-                self._stats["registry_retries"] += 1
+                self._count()
                 try:
                     result = await attempt()
                 except RegistryError as again:
@@ -132,6 +154,9 @@ class RegistryWait:
                 return result
         finally:
             self._left(tp, waiting, where)
+
+    def _count(self) -> None:
+        self._stats["registry_retries"] = self._stats.get("registry_retries", 0) + 1
 
     def _left(self, tp: tuple[str, int], waiting: _Waiting, where: str) -> None:
         waiting.records -= 1

@@ -135,6 +135,8 @@ class Worker:
         self._reset_earliest = True  # auto.offset.reset is earliest (set in _setup)
         self._rebalances = 0  # bumped by the rebalance callbacks: offset gaps checked again
         self.stats: defaultdict[str, int] = defaultdict(int)
+        # Records the schema registry refused mid-run wait here (host/registry_wait.py).
+        self.registry_wait = RegistryWait(self.stats, self._hold_back)
         self.timers = TimerService()
         # Observability (runtime/metrics.py): called with the worker once its clients
         # exist; partitions whose caches are being rebuilt (not ready meanwhile).
@@ -249,7 +251,6 @@ class Worker:
             if app.epoch_mode == "strict"
             or any(issubclass(TimerEvent, a.listens) for a in b.agent.actions())
         }
-        self.registry_wait = RegistryWait(self.stats, self._hold_back)
         self._agents: dict[str, AgentHost] = {
             topic: AgentHost(
                 bound.spec,
@@ -588,6 +589,7 @@ class Worker:
     # -- shutdown -----------------------------------------------------------------------
     async def _shutdown(self) -> None:
         log.info("stopping: draining %d in-flight records", self.controller.in_flight)
+        self.registry_wait.stop()  # records waiting for the schema registry: abandoned now
         # Async I/O operators drain alongside, so their pending retries fire at once.
         closing = [
             asyncio.create_task(h.close(self.shutdown_timeout)) for h in self._async_ios.values()

@@ -22,6 +22,8 @@ faust = pytest.importorskip("faust")
 
 from agents_stream.durable.values import encode_value  # noqa: E402
 from agents_stream.faust import FaustRecordHandler, durable_agent, record_input, record_key  # noqa: E402
+from agents_stream.host.registry_wait import RegistryWait  # noqa: E402
+from agents_stream.serde.errors import SchemaRefused  # noqa: E402
 
 EFFECTS: list[str] = []
 FAIL_AFTER_FIRST: set[int] = set()
@@ -311,3 +313,54 @@ def test_foreign_replay_header_runs_as_a_new_record(topic, partition, caplog):
     with caplog.at_level(logging.WARNING, logger="agents_stream.faust"):
         assert record_input(event).seq == 20
     assert "ignoring x-replay-of" in caplog.text
+
+
+REFUSALS = {"left": 0}
+
+
+class RefusedTwice(Agent):
+    """Its journal write refused by the schema registry twice (as a rule changed under a
+    running app would), after a call that was journaled."""
+
+    @action(InputEvent)
+    @staticmethod
+    async def process(event: InputEvent, ctx: RunnerContext) -> None:
+        receipt = ctx.execute(charge, event.input["n"])
+        if REFUSALS["left"]:
+            REFUSALS["left"] -= 1
+            raise SchemaRefused(
+                "schema registry refused ActionState v6 under subject 'pay-action-state-value'",
+                subject="pay-action-state-value",
+                version="ActionState v6",
+                reason="incompatible (HTTP 409)",
+            )
+        ctx.send_event(OutputEvent(output={"n": event.input["n"], "receipt": receipt}))
+
+
+def test_a_registry_refusal_mid_run_waits_and_runs_again_without_a_dead_letter(caplog):
+    host = Host()
+    runner = ActionRunner(RefusedTwice, host.store, ContextConfig("pay", "w1", JSON), host.sink)
+    stats: dict[str, int] = {}
+
+    async def crash(exc: BaseException) -> None:
+        host.crashes.append(exc)
+
+    handler = FaustRecordHandler(
+        runner,
+        dead_letters=host.dlq,
+        on_error="dlq",
+        crash=crash,
+        owns=host.owned.__contains__,
+        registry_wait=RegistryWait(stats, first=0.01),
+    )
+    REFUSALS["left"] = 2
+    event = FakeEvent({"n": 5})
+    caplog.set_level(logging.INFO, logger="agents_stream")
+    assert run(handler.handle(event)) is True and event.acked
+    assert host.dlq.sent == [] and host.crashes == []
+    assert len(EFFECTS) == 1  # the journaled call was replayed by each run, not repeated
+    assert [v for _, values in host.sink.sent for v in values] == [{"n": 5, "receipt": "charged-5"}]
+    assert stats["registry_retries"] == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "refused ActionState v6" in warnings[0], warnings
+    assert "orders[0] paused" in warnings[0], warnings

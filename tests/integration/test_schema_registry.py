@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -222,6 +224,35 @@ def test_v1_producer_v2_reader_journal_upgrade_and_bad_records(
 # -- a refusal mid-run pauses the partition and retries; never a dead letter -----------------
 
 
+def _waiting_worker(
+    app: App, bootstrap: str, records: list[tuple[bytes, bytes]], data_dir: Path
+) -> LiveWorker:
+    """``records`` (key, value) to the app's one input from an idempotent producer, then
+    its in-process worker, returned once it has retried a refused record 3 times (a
+    backoff of at most 1 s: the test waits for seconds, not minutes), still running."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "log_level": 0}
+    )
+    for key, value in records:
+        producer.produce(app.agents[0].input, value, key=key)
+    assert producer.flush(30) == 0
+    live = LiveWorker(app, broker=f"kafka://{bootstrap}", data_dir=data_dir).start()
+    worker = live.worker
+    assert worker is not None
+    worker.registry_wait.most = 1.0
+    deadline = time.monotonic() + 60
+    while worker.stats["registry_retries"] < 3:
+        assert worker.fatal is None, worker.fatal
+        assert time.monotonic() < deadline, "no retries"
+        time.sleep(0.1)
+    assert worker.registry_wait.paused == 1
+    return live
+
+
+def _pause_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "paused, retrying" in r.getMessage()]
+
+
 def test_refusal_mid_run_pauses_the_partition_until_the_registry_accepts(
     broker: Any,
     schema_registry: Any,
@@ -246,31 +277,18 @@ def test_refusal_mid_run_pauses_the_partition_until_the_registry_accepts(
     app = App(app_id, schema_registry_url=url, commit_interval=0.2)
     app.agent(registry_app.Billing, input=inp, output=out)
     create_topics(broker.bootstrap, [inp], partitions=1)
-    producer = Producer(
-        {"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "log_level": 0}
-    )
-    for i in range(8):
-        producer.produce(inp, json.dumps({"order": f"o{i}", "amount": i}).encode(), key=b"k")
-    assert producer.flush(30) == 0
+    records = [(b"k", json.dumps({"order": f"o{i}", "amount": i}).encode()) for i in range(8)]
     caplog.set_level(logging.INFO, logger="agents_stream")
-    live = LiveWorker(app, broker=broker.url, data_dir=tmp_path / "data").start()
+    live = _waiting_worker(app, broker.bootstrap, records, tmp_path / "data")
     try:
         worker = live.worker
-        assert worker is not None
-        worker.registry_wait.most = 1.0  # the test waits for seconds, not minutes
-        deadline = time.monotonic() + 60
-        while worker.stats["registry_retries"] < 3 and time.monotonic() < deadline:
-            assert worker.fatal is None, worker.fatal
-            time.sleep(0.1)
-        assert worker.stats["registry_retries"] >= 3
-        assert worker.registry_wait.paused == 1
-        assert worker.fatal is None and live._thread is not None and live._thread.is_alive()
+        assert worker is not None and live._thread is not None and live._thread.is_alive()
         assert read_topic(broker.bootstrap, f"{inp}-dlq") == []
         assert read_topic(broker.bootstrap, out) == []
         assert _committed(broker.bootstrap, app_id, inp, 1) in ([], [0])
-        warned = [r for r in caplog.records if r.levelno == logging.WARNING and "paused" in r.msg]
-        assert len(warned) == 1, [r.getMessage() for r in warned]
-        line = warned[0].getMessage()
+        warned = _pause_warnings(caplog)
+        assert len(warned) == 1, warned
+        line = warned[0]
         for phrase in (subject, "refused", "HTTP 409", f"{inp}[0]", "not dead-lettered"):
             assert phrase in line, line
 
@@ -288,3 +306,97 @@ def test_refusal_mid_run_pauses_the_partition_until_the_registry_accepts(
     assert read_topic(broker.bootstrap, f"{inp}-dlq") == []
     assert not [r for r in caplog.records if r.levelno >= logging.CRITICAL]
     assert any("resumed" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+
+
+class _Gate:
+    """A TCP forwarder to the registry that is closed (connections refused) until
+    :meth:`open`: the registry unreachable from the worker, as in a network outage, while
+    the test still reaches it directly."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.port = free_ports(1)[0]
+        self._server: socket.socket | None = None
+
+    def open(self) -> None:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen(16)
+        self._server = server
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(self.upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def test_registry_unreachable_mid_run_pauses_decoding_until_it_answers(
+    broker: Any,
+    schema_registry: Any,
+    topic_factory: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Inputs framed with a writer id the worker has not fetched yet, and the registry
+    unreachable from the worker: each record waits (one WARNING, the partition paused),
+    none is dead-lettered as undecodable; once the registry answers, every record runs
+    once."""
+    url = schema_registry.url
+    gate = _Gate((schema_registry.host, schema_registry.port))
+    gated = url.replace(f":{schema_registry.port}/", f":{gate.port}/")
+    app_id, inp, out = topic_factory("app"), topic_factory("in"), topic_factory("out")
+    app = App(app_id, schema_registry_url=gated, commit_interval=0.2)
+    app.agent(registry_app.Billing, input=inp, output=out, input_schema=registry_app.ORDER_V2)
+    create_topics(broker.bootstrap, [inp], partitions=1)
+    orders = value_codec(registry_app.ORDER_V2, registry_url=url, topic=inp)
+    records = [
+        (f"k{i % 3}".encode(), orders.encode({"order": f"o{i}", "amount": i, "currency": "EUR"}))
+        for i in range(6)
+    ]
+    caplog.set_level(logging.INFO, logger="agents_stream")
+    live = _waiting_worker(app, broker.bootstrap, records, tmp_path / "data")
+    try:
+        worker = live.worker
+        assert worker is not None
+        assert read_topic(broker.bootstrap, f"{inp}-dlq") == []
+        warned = _pause_warnings(caplog)
+        assert len(warned) == 1 and "unavailable" in warned[0], warned
+        gate.open()
+        outs = wait_for_records(broker.bootstrap, out, 6, timeout=60)
+        assert sorted(json.loads(r.value)["order"] for r in outs) == [f"o{i}" for i in range(6)]
+        assert worker.fatal is None and live._thread is not None and live._thread.is_alive()
+    finally:
+        live.stop()
+        gate.close()
+    assert len(read_topic(broker.bootstrap, out)) == 6
+    assert read_topic(broker.bootstrap, f"{inp}-dlq") == []
+    assert not [r for r in caplog.records if r.levelno >= logging.CRITICAL]
+    # Records decoded while it was down and run after it answered are asked again at
+    # once: no second wait, no second WARNING.
+    assert len(_pause_warnings(caplog)) == 1

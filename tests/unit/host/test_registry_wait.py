@@ -60,9 +60,28 @@ def test_cancelled_wait_resumes_the_partition_and_other_errors_pass() -> None:
         task.cancel()  # a revoke: the record stays uncommitted for the next owner
         with pytest.raises(asyncio.CancelledError):
             await task
-        wait.first = 0.0
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError):  # tried at once: the record's own fault, no wait
             await wait.retry("in", 1, "in[1]@0", REFUSED, bad)
 
     asyncio.run(main())
-    assert pauses == [True, False, True, False] and wait.paused == 0
+    assert pauses == [True, False] and wait.paused == 0
+
+
+def test_stop_ends_every_wait_at_once() -> None:
+    wait = RegistryWait(defaultdict(int), first=30)
+
+    async def refused() -> None:
+        raise REFUSED
+
+    async def main() -> None:
+        waits = [
+            asyncio.ensure_future(wait.retry("in", p, f"in[{p}]@0", REFUSED, refused))
+            for p in (0, 1)
+        ]
+        await asyncio.sleep(0.05)
+        wait.stop()  # SIGTERM: no 30 s backoff sat out
+        done, _ = await asyncio.wait(waits, timeout=2)
+        assert len(done) == 2 and all(t.cancelled() for t in done)
+
+    asyncio.run(main())
+    assert wait.paused == 0
