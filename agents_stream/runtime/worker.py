@@ -50,6 +50,7 @@ from ..state.kafka import KafkaActionStateStore
 from .agent_host import AgentHost
 from .async_io import AsyncIOHost
 from .commit import AtLeastOnceCommit, GroupCommit, TransactionalCommit
+from .connectivity import ConnectivityWatch
 from .controller import ExecutionController
 from .partition import Partition
 from .timers import Firings, TimerService
@@ -294,7 +295,14 @@ class Worker:
         )
         for hook in self.setup_hooks:
             hook(self)
-        start_watchdog(self.ownership, self._cancel, self._loop, self._suspected)
+        # A broker that stops answering (a network partition) is learned of as a freeze
+        # is: connectivity.py.
+        self.connectivity = ConnectivityWatch(
+            self.ownership, self.producer, lost_after=self.ownership.freeze_after
+        )
+        start_watchdog(
+            self.ownership, self._cancel, self._loop, self._suspected, self.connectivity.tick
+        )
 
     def held(
         self,
