@@ -15,6 +15,9 @@ more than the calls it had in flight at the cut (started, not acknowledged); no
 acknowledged call runs again; no input is lost; with exactly-once no duplicate output is
 read ``read_committed``. A cut shorter than the freeze limit loses nothing and re-runs
 nothing. Both workers must be alive and have logged no CRITICAL line. Figures printed.
+
+The workers speak the group protocol the worker defaults to (KIP-848's consumer protocol
+on this broker); ``AGENTS_STREAM_GROUP_PROTOCOL=classic`` runs them on the classic one.
 """
 
 from __future__ import annotations
@@ -189,11 +192,12 @@ def _run(network, broker, ns, victim, other, env, ledger, cut_s, guarantee, caps
     duplicates = sum(c - 1 for c in counts.values())
     lost = sorted(set(range(INPUTS)) - set(counts))
     by_other = sum(1 for _, pid, _, _, _ in starts if pid == opid)
+    protocol = "consumer" if "with the consumer group protocol" in victim_log else "classic"
     window = max(after_cut, default=cut_at) - cut_at
     learn = f"{learned_at - cut_at:.1f}s" if learned_at is not None else "never"
     with capsys.disabled():
         print(
-            f"\npartition ({guarantee}, cut {cut_s:.0f}s): victim had {in_flight_at_cut} "
+            f"\npartition ({guarantee}, {protocol} group protocol, cut {cut_s:.1f}s): victim had {in_flight_at_cut} "
             f"calls in flight at the cut, learned of it after {learn}, started "
             f"{len(after_cut)} code blocks while cut (the last {window:.2f}s after the cut; "
             f"{len(after_learning)} after it learned); calls run twice: {twice} (acknowledged ones: "
