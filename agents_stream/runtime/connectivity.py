@@ -34,7 +34,7 @@ unanswered stalls the next ones.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from time import monotonic
 from typing import Any
 
@@ -62,7 +62,12 @@ class ConnectivityWatch:
     """
 
     def __init__(
-        self, ownership: Ownership, producer: AckingProducer, *, lost_after: float
+        self,
+        ownership: Ownership,
+        producer: AckingProducer,
+        *,
+        lost_after: float,
+        stats: MutableMapping[str, int] | None = None,
     ) -> None:
         self.ownership = ownership
         self.producer = producer
@@ -73,9 +78,14 @@ class ConnectivityWatch:
         self.gap = STALL_MIN / STALL_FACTOR
         self._answered = monotonic()  # the last delivery report, or nothing outstanding
         self._warned = False
-        self.stalls = 0  # stalls that held code blocks back
-        self.cuts = 0  # suspensions this watch caused
+        # Stalls that held code blocks back, suspensions this watch caused: counted in the
+        # worker's stop line.
+        self.stats: MutableMapping[str, int] = stats if stats is not None else {}
         producer.observe_acks(self._on_acks)
+
+    @property
+    def cuts(self) -> int:
+        return self.stats.get("broker_silences", 0)
 
     @property
     def stall_after(self) -> float:
@@ -105,7 +115,7 @@ class ConnectivityWatch:
         if silent > self.lost_after and ownership.suspended is None and ownership.held():
             # Once: the holds are released then (held() is empty until the group
             # confirms them), and the stall stays on while the silence lasts.
-            self.cuts += 1
+            self.stats["broker_silences"] = self.cuts + 1
             ownership.suspend(
                 f"no answer from the broker for {silent:.1f}s with {len(client)} records "
                 f"outstanding (over {self.lost_after:.1f}s: cut off from the cluster?)"
@@ -114,7 +124,7 @@ class ConnectivityWatch:
     def _stall(self, stalled: bool, silent: float) -> None:
         ownership = self.ownership
         if stalled and not ownership.stalled:
-            self.stalls += 1
+            self.stats["journal_stalls"] = self.stats.get("journal_stalls", 0) + 1
         ownership.stalled = stalled
         if stalled and not self._warned and silent >= WARN_AFTER:
             self._warned = True

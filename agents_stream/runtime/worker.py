@@ -307,7 +307,10 @@ class Worker:
         # A broker that stops answering (a network partition) is learned of as a freeze
         # is: connectivity.py.
         self.connectivity = ConnectivityWatch(
-            self.ownership, self.producer, lost_after=self.ownership.freeze_after
+            self.ownership,
+            self.producer,
+            lost_after=self.ownership.freeze_after,
+            stats=self.stats,
         )
         start_watchdog(
             self.ownership, self._cancel, self._loop, self._suspected, self.connectivity.tick
