@@ -130,6 +130,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "defaults to at-least-once ($AGENTS_STREAM_PROCESSING_GUARANTEE)",
     )
     p.add_argument(
+        "--group-protocol",
+        choices=["consumer", "classic"],
+        default=os.environ.get("AGENTS_STREAM_GROUP_PROTOCOL") or None,
+        help="consumer group protocol: consumer (KIP-848: server-side assignment, a "
+        "coordinator move costs no partitions; the broker sets the session) or classic "
+        "(default: consumer where the cluster supports it, else classic; logged at start; "
+        "$AGENTS_STREAM_GROUP_PROTOCOL)",
+    )
+    p.add_argument(
         "--rerun-completed",
         action="store_true",
         help="DANGER: run records below their partition's completed-through marker again "
@@ -200,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             code_block_threads=args.code_block_threads,
             startup_timeout=args.startup_timeout,
             kafka_config_file=args.kafka_config,
+            group_protocol=getattr(args, "group_protocol", None),
         )
         if args.metrics_port is not None:
             from ..runtime.metrics import serve_metrics
@@ -259,6 +269,7 @@ def _supervise(args: argparse.Namespace, app: App, broker: str | None) -> int:
         ("--replication-factor", args.replication_factor),
         ("--min-insync-replicas", args.min_insync_replicas),
         ("--processing-guarantee", args.processing_guarantee),
+        ("--group-protocol", getattr(args, "group_protocol", None)),
         ("--schema-registry", args.schema_registry),
     ):
         if value is not None:

@@ -303,10 +303,17 @@ class RunnerContext:
         if ownership is not None:
             ownership.check(self.ref.topic, self.ref.partition, self._lease)
 
+    def _admit(self) -> None:
+        """A code block is about to start: as :meth:`check_hold`, after waiting out a
+        journal that stopped answering (``Ownership.admit``)."""
+        ownership = self._config.ownership
+        if ownership is not None:
+            ownership.admit(self.ref.topic, self.ref.partition, self._lease)
+
     def _flight(self) -> Flight:
         if self._blocks is None:
             self._blocks = _Blocks()
-        return Flight(self.check_hold if self._config.ownership is not None else None)
+        return Flight(self._admit if self._config.ownership is not None else None)
 
     @property
     def short_term_memory(self) -> ShortTermMemory:

@@ -22,17 +22,25 @@ suspends every hold (:attr:`suspended`) before it records the new time. Nothing 
 produced between the resume and the rebalance callback; the host then asks the group
 whether it still holds its partitions (see ``runtime/worker_rebalance.py``).
 
+A worker cut off from the broker (a network partition) learns it the same way, from a
+watch of its journal's acknowledgements (``runtime/connectivity.py``): a journal that
+stopped answering sets :attr:`stalled`, and a code block about to start waits
+(:meth:`admit`); a silence as long as the freeze limit suspends every hold.
+
 The durable core imports nothing of Kafka: hosts that own no partitions (Spark backfill,
 the test kit) pass no Ownership and nothing is checked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
-from time import monotonic
+from time import monotonic, sleep
 
 from .errors import DurableError
+
+STALL_POLL = 0.02  # seconds between looks of a code block waiting for the journal
 
 
 class OwnershipLost(DurableError):
@@ -64,6 +72,9 @@ class Ownership:
         self._beat = monotonic()
         self.suspended: str | None = None  # why every hold is suspect, until resumed
         self.suspensions = 0
+        # The journal has writes outstanding and no answer for a while (set by the
+        # host's connectivity watch): code blocks about to start wait (admit).
+        self.stalled = False
 
     # -- holds (the host's rebalance callbacks) ----------------------------------------
     def acquire(self, topic: str, partition: int) -> int:
@@ -121,6 +132,19 @@ class Ownership:
     def check(self, topic: str, partition: int, lease: int) -> None:
         if not self.valid(topic, partition, lease):
             raise OwnershipLost(topic, partition, self.suspended or "no longer held")
+
+    def admit(self, topic: str, partition: int, lease: int) -> None:
+        """Before a code block starts: while the journal is :attr:`stalled`, wait (on a
+        plain thread: a code block on the event loop's thread cannot, the loop serves
+        the acks), until it answers again or the hold fails; then :meth:`check`.
+
+        Why wait rather than fail: a stall is most often a slow broker; a call started
+        now could not be journaled until it answers, and a crash or a cut meanwhile
+        runs it again on the next owner."""
+        if self.stalled and asyncio._get_running_loop() is None:
+            while self.stalled and self.valid(topic, partition, lease):
+                sleep(STALL_POLL)
+        self.check(topic, partition, lease)
 
     def check_partition(self, partition: int, what: str = "") -> None:
         if self.suspended is None and partition in self._journal:

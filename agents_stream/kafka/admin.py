@@ -217,16 +217,27 @@ class TopicAdmin:
 
     def topic_config(self, topic: str) -> dict[str, str]:
         """The topic's effective configuration as the broker reports it."""
+        return self._describe("topic", topic)
+
+    def _describe(self, kind: str, name: str) -> dict[str, str]:
         futures = self.client.describe_configs(
-            [ConfigResource("topic", topic)], request_timeout=self._timeout
+            [ConfigResource(kind, name)], request_timeout=self._timeout
         )
         try:
             (entries,) = (f.result() for f in futures.values())
         except KafkaException as exc:
             raise KafkaIOError(
-                f"cannot describe topic {topic}: {exc.args[0].str()}", code=exc.args[0].code()
+                f"cannot describe {kind} {name}: {exc.args[0].str()}", code=exc.args[0].code()
             ) from exc
         return {k: v.value for k, v in entries.items() if v.value is not None}
+
+    def broker_config(self) -> dict[str, str]:
+        """The configuration one broker of the cluster reports (cluster-wide settings such
+        as the group coordinator's are the same on every broker of a healthy cluster)."""
+        md: Any = self._metadata()
+        if not md.brokers:
+            raise KafkaIOError(f"no broker in the metadata of {self._bootstrap}")
+        return self._describe("broker", str(min(md.brokers)))
 
     def ensure(self, specs: list[TopicSpec]) -> dict[str, int]:
         """Create the missing topics; return the partition count of every topic."""

@@ -23,7 +23,10 @@ def start_watchdog(
     cancel: threading.Event,
     loop: asyncio.AbstractEventLoop,
     on_suspended: Callable[[], Any],
+    also: Callable[[], None] | None = None,
 ) -> None:
+    """``also``: called every beat, before the freeze check (the connectivity
+    watch, ``connectivity.py``: a suspension it makes is reported the same way)."""
     # The clock starts now: a start-up longer than the freeze limit (transactions
     # initialising on a new three-node cluster took 12 s) is not a freeze.
     ownership.resume()
@@ -31,6 +34,8 @@ def start_watchdog(
     def watch() -> None:
         while not cancel.wait(WATCHDOG_BEAT):
             suspensions = ownership.suspensions
+            if also is not None:
+                also()
             ownership.beat()
             if ownership.suspensions != suspensions:
                 try:

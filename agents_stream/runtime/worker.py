@@ -51,7 +51,9 @@ from ..state.kafka import KafkaActionStateStore
 from .agent_host import AgentHost
 from .async_io import AsyncIOHost
 from .commit import AtLeastOnceCommit, GroupCommit, TransactionalCommit
+from .connectivity import ConnectivityWatch
 from .controller import ExecutionController
+from .group_protocol import GroupProtocolName, choose_group_protocol
 from .partition import Partition
 from .timers import Firings, TimerService
 from .topics import check_topic_settings, ensure_topics, worker_topics
@@ -85,6 +87,8 @@ class Worker:
         kafka_config_file: librdkafka properties for every client, over
             ``app.kafka_config`` (see :mod:`agents_stream.kafka.config`).
         code_block_threads: over ``app.code_block_threads``.
+        group_protocol: ``consumer`` (KIP-848) or ``classic``; default: consumer where
+            the cluster supports it (see ``group_protocol.py``).
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class Worker:
         startup_timeout: float = 10.0,
         kafka_config_file: str | Path | None = None,
         code_block_threads: int | None = None,
+        group_protocol: GroupProtocolName | None = None,
     ) -> None:
         if not app.agents and not app.async_ios:
             raise ConfigurationError(f"app {app.id!r} has no agents or async_io operators")
@@ -113,6 +118,7 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.shutdown_timeout = shutdown_timeout
         self.max_in_flight = max_in_flight or app.max_in_flight
+        self._group_protocol = group_protocol
         self.exit_code = 0
         self.fatal: BaseException | None = None  # what stopped it (_fail)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -210,8 +216,10 @@ class Worker:
         # Holds of the assigned partitions, checked before every code block, journal
         # record, output and commit (durable/ownership.py); a freeze of this process
         # long enough for the session to expire suspends them all.
-        self.ownership.freeze_after = freeze_after(conf)
-        self._heartbeat_s = float(conf.get("heartbeat.interval.ms", 3000)) / 1000
+        # The group protocol decides who sets the session (client or broker).
+        self.group_protocol = choose_group_protocol(self.admin, self._group_protocol, conf)
+        self.ownership.freeze_after = freeze_after(self.group_protocol.timing)
+        self._heartbeat_s = self.group_protocol.heartbeat_ms / 1000
         # Journal producer, store, runners, sinks and dead letters: the host kit builds
         # them the same way for every host.
         self.kit = DurableHost(
@@ -293,15 +301,27 @@ class Worker:
         # Issue 54: the worker is otherwise silent until the group assigns it partitions,
         # which after a crash takes the dead member's session: say what it waits for.
         log.info(
-            "joining consumer group %s: partitions come once the group rebalances (a member "
-            "that died without leaving holds its partitions until its session expires, "
-            "session.timeout.ms=%s)",
+            "joining consumer group %s with the %s group protocol (%s): partitions come "
+            "once the group rebalances (a member that died without leaving holds its "
+            "partitions until its session expires, session timeout %d ms)",
             conf["group.id"],
-            conf.get("session.timeout.ms", 45000),
+            self.group_protocol.name,
+            self.group_protocol.why,
+            self.group_protocol.session_ms,
         )
         for hook in self.setup_hooks:
             hook(self)
-        start_watchdog(self.ownership, self._cancel, self._loop, self._suspected)
+        # A broker that stops answering (a network partition) is learned of as a freeze
+        # is: connectivity.py.
+        self.connectivity = ConnectivityWatch(
+            self.ownership,
+            self.producer,
+            lost_after=self.ownership.freeze_after,
+            stats=self.stats,
+        )
+        start_watchdog(
+            self.ownership, self._cancel, self._loop, self._suspected, self.connectivity.tick
+        )
 
     def held(
         self,

@@ -474,6 +474,13 @@ class KafkaBroker(ServerProcess):
             # incarnation's lease to run out: 3 s, not 9 (crash-restart tests).
             "broker.heartbeat.interval.ms": "500",
             "broker.session.timeout.ms": "3000",
+            # KIP-848 groups (group.protocol=consumer): the broker sets the session, 45 s
+            # by default and never under 45 s; the suites expect a dead member's
+            # partitions to move after 6 s, as the classic clients' setting has it.
+            "group.consumer.min.session.timeout.ms": "6000",
+            "group.consumer.session.timeout.ms": "6000",
+            "group.consumer.min.heartbeat.interval.ms": "1000",
+            "group.consumer.heartbeat.interval.ms": "1500",
         }
         if self.secure is not None:
             props.update(self._secure_properties(controller))

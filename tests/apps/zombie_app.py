@@ -33,6 +33,15 @@ def ledger() -> sqlite3.Connection:
     return db
 
 
+def count(db: sqlite3.Connection, what: str, pid: int) -> int:
+    """For the tests: ledger rows ``what`` ("start", "acked") of process ``pid``."""
+    try:
+        row = db.execute("SELECT count(*) FROM calls WHERE what=? AND pid=?", (what, pid))
+        return int(row.fetchone()[0])
+    except sqlite3.OperationalError:  # the table is made by the first call
+        return 0
+
+
 def note(what: str, n: int, i: int) -> None:
     global _db
     with _lock:
@@ -58,7 +67,8 @@ class Twice(Agent):
         for i in range(2):
             ctx.execute(call, n, i)
             note("acked", n, i)  # after the CallResult was acknowledged
-        ctx.send_event(OutputEvent(output={"n": n, "pid": os.getpid()}))
+        # "t": when and where it was made (tests/fault/fleet.py reads outputs with it).
+        ctx.send_event(OutputEvent(output={"n": n, "pid": os.getpid(), "t": time.time()}))
 
 
 app.agent(

@@ -26,6 +26,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from agents_stream.testing.topics import create_topics
+from tests.apps.zombie_app import count
 from tests.fault.fleet import assert_survivors
 from tests.fault.scenario import wait_log
 
@@ -137,16 +138,8 @@ def _zombie(frozen_s, guarantee, broker, topic_factory, worker_factory, tmp_path
     db = sqlite3.connect(str(ledger), timeout=60)
     db.execute("PRAGMA busy_timeout=60000")
 
-    def starts_by(pid: int) -> int:
-        try:
-            return db.execute(
-                "SELECT count(*) FROM calls WHERE what='start' AND pid=?", (pid,)
-            ).fetchone()[0]
-        except sqlite3.OperationalError:  # the table is made by the first call
-            return 0
-
     deadline = time.monotonic() + 90
-    while starts_by(vpid) < 30:
+    while count(db, "start", vpid) < 30:
         assert time.monotonic() < deadline, victim.log()[-3000:]
         time.sleep(0.02)
     os.kill(vpid, signal.SIGSTOP)
