@@ -135,8 +135,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=os.environ.get("AGENTS_STREAM_GROUP_PROTOCOL") or None,
         help="consumer group protocol: consumer (KIP-848: server-side assignment, a "
         "coordinator move costs no partitions; the broker sets the session) or classic "
-        "(default: consumer where the cluster supports it, else classic; logged at start; "
-        "$AGENTS_STREAM_GROUP_PROTOCOL)",
+        "(default: classic, while KIP-848 is an opt-in here: see docs/operations.md; "
+        "logged at start; $AGENTS_STREAM_GROUP_PROTOCOL)",
     )
     p.add_argument(
         "--rerun-completed",

@@ -16,8 +16,8 @@ acknowledged call runs again; no input is lost; with exactly-once no duplicate o
 read ``read_committed``. A cut shorter than the freeze limit loses nothing and re-runs
 nothing. Both workers must be alive and have logged no CRITICAL line. Figures printed.
 
-The workers speak the group protocol the worker defaults to (KIP-848's consumer protocol
-on this broker); ``AGENTS_STREAM_GROUP_PROTOCOL=classic`` runs them on the classic one.
+The workers speak the group protocol the worker defaults to (classic);
+``AGENTS_STREAM_GROUP_PROTOCOL=consumer`` runs them on KIP-848's consumer protocol.
 """
 
 from __future__ import annotations

@@ -118,9 +118,17 @@ def test_the_consumer_protocol_takes_the_session_from_the_broker():
         "group.consumer.session.timeout.ms": "45000",
         "group.consumer.heartbeat.interval.ms": "5000",
     }
-    chosen = choose_group_protocol(_Admin(broker), None, conf)  # type: ignore[arg-type]
+    chosen = choose_group_protocol(_Admin(broker), "consumer", conf)  # type: ignore[arg-type]
     assert chosen.name == "consumer" and chosen.session_ms == 45000
     assert conf == {"group.protocol": "consumer"}  # librdkafka refuses the others
+
+
+def test_classic_unless_consumer_is_asked_for():
+    # KIP-848 is an opt-in (runtime/group_protocol.py says why), even where supported.
+    conf = dict(CLIENT)
+    broker = {"group.coordinator.rebalance.protocols": "classic,consumer"}
+    chosen = choose_group_protocol(_Admin(broker), None, conf)  # type: ignore[arg-type]
+    assert chosen.name == "classic" and chosen.session_ms == 6000 and conf == CLIENT
 
 
 def test_classic_where_the_cluster_has_no_consumer_protocol():
