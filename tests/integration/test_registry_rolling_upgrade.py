@@ -75,11 +75,19 @@ def test_rolling_upgrade_of_two_workers_on_mixed_journal_versions(
 
     def start(name: str, version: str | None) -> Any:
         extra = {"AS_JOURNAL_VERSION": version} if version else {}
-        return worker_factory(
+        worker = worker_factory(
             APP,
             _env(url, **common, **extra),
             extra_args=["--data-dir", str(tmp_path / name), "--shutdown-timeout", "20"],
         )
+        # Holding partitions before the step goes on: the other worker alone could make
+        # every output meanwhile, and a SIGTERM that then reached this one while Python
+        # was still starting (before its handler) ended it with -15 (seen once).
+        deadline = time.monotonic() + 90
+        while "; ready: processing them" not in worker.log():
+            assert time.monotonic() < deadline and worker.alive, worker.log()[-3000:]
+            time.sleep(0.2)
+        return worker
 
     old_a, old_b = start("a", "5"), start("b", "5")
     produce(24)
