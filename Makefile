@@ -41,9 +41,10 @@ demo-crash: venv  ## SIGKILL the payments worker mid-charge, restart it, check t
 # of KAFKA_PATHS (integration; fault: crash, chaos, failover, zombie, broker restarts;
 # the worker's startup checks of existing topics) plus every kafka_only test wherever it
 # is (compaction, transactions). The other Spark, Faust and CLI broker tests run on the
-# embedded broker only: everything on both took 45 min on the 2-core CI machine, over
-# what .ci/run may take; this took 44 (13 the Kafka half). Without java/mvn the Kafka
-# runs skip with one line. `make test KAFKA_PATHS=tests`: every broker test on both.
+# embedded broker only, and the long guarantee proofs (marked kafka_proof: chaos,
+# failover, zombie, crash window) on Kafka only: the suite took 58 min on the 2-core CI
+# machine with them on both. Without java/mvn the Kafka runs skip with one line.
+# `make test KAFKA_PATHS=tests`: every other broker test on both.
 KAFKA_PATHS ?= tests/integration,tests/fault,tests/cli/test_worker_startup.py
 # The unit tests (no broker, ~4.5 min alone) run first, on both cores (pytest-xdist): ~2
 # min off the suite; the broker suites after them stay serial (their fault tests time

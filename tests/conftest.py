@@ -86,6 +86,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "kafka_only: needs Apache Kafka (compaction, restarts...); skips on embedded"
     )
+    config.addinivalue_line(
+        "markers",
+        "kafka_proof: a long guarantee proof; with several brokers it runs on Apache Kafka "
+        "only (DESIGN.md: the broker the guarantees are proven on), alone on embedded",
+    )
 
 
 def _external() -> _External | None:
@@ -128,7 +133,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     chosen = broker_kinds(metafunc.config)
     if len(chosen) == 1:
         return
-    kafka_only = metafunc.definition.get_closest_marker("kafka_only") is not None
+    # A kafka_proof test (chaos, failover, zombie...) also runs on the embedded broker when
+    # that is the only one chosen (a Python-only machine); beside Kafka it would double a
+    # minutes-long run on a broker whose slow group joins prove nothing more.
+    marker = metafunc.definition.get_closest_marker
+    kafka_only = marker("kafka_only") is not None or marker("kafka_proof") is not None
     kinds = ["kafka"] if kafka_only else chosen
     if not kafka_only and not _on_kafka(metafunc.config, Path(str(metafunc.definition.path))):
         kinds = [k for k in chosen if k != "kafka"]  # not among --kafka-paths: embedded only

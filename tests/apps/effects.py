@@ -36,16 +36,21 @@ def connect(path: str | None = None) -> sqlite3.Connection:
     return db
 
 
-_conn: sqlite3.Connection | None = None
+_conn: tuple[str, sqlite3.Connection] | None = None
 _LOCK = threading.Lock()  # one connection per process, shared by action threads
 
 
 def _db() -> sqlite3.Connection:
+    # Keyed by the path: in-process workers of successive tests (one pytest process)
+    # each point AS_EFFECTS_DB at their own file.
     global _conn
-    if _conn is None:
-        _conn = connect()
-        _conn.execute("PRAGMA busy_timeout=60000")
-    return _conn
+    path = os.environ["AS_EFFECTS_DB"]
+    if _conn is None or _conn[0] != path:
+        if _conn is not None:
+            _conn[1].close()
+        _conn = (path, connect(path))
+        _conn[1].execute("PRAGMA busy_timeout=60000")
+    return _conn[1]
 
 
 def effect(kind: str, call_id: str) -> None:

@@ -24,6 +24,7 @@ KEYS = 4  # few keys: the run spans many kills (same key is sequential)
 
 # Its own deadline (480 s below) governs: eight kills each wait out a 6 s session
 # timeout, and the app's async action runs its sync code blocks inline, one at a time.
+@pytest.mark.kafka_proof
 @pytest.mark.timeout(600)
 def test_f_chaos_random_sigkills(broker, topic_factory, worker_factory, tmp_path, capsys):
     _chaos(broker, topic_factory, worker_factory, tmp_path, capsys, "at-least-once")

@@ -32,6 +32,7 @@ THREADS = 32
 IN_FLIGHT = 256
 
 
+@pytest.mark.kafka_proof
 def test_sigkill_runs_at_most_the_records_in_flight_calls_twice(
     broker, topic_factory, worker_factory, tmp_path, capsys
 ):

@@ -28,6 +28,7 @@ INTERVAL = 0.15  # one record per partition every INTERVAL s: 40 records/s in al
 AFTER_KILL = 25.0  # seconds of input after the kill
 
 
+@pytest.mark.kafka_proof
 def test_sigkill_one_of_three_workers(broker, topic_factory, worker_factory, tmp_path, capsys):
     db_path = tmp_path / "effects.sqlite"
     connect(str(db_path)).close()

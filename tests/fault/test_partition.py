@@ -220,8 +220,10 @@ def _run(network, broker, ns, victim, other, env, ledger, cut_s, guarantee, caps
     assert not after_learning, (after_learning[:10], victim_log[-4000:])
     # What runs twice is what the victim had started and not journaled: the calls in
     # flight at the cut, and those started in the moment before its journal's silence
-    # held new code blocks (a stall: a few times its usual acknowledgement time).
-    assert window < 1.0, (window, victim_log[-4000:])
+    # held new code blocks (a stall: a few times its usual acknowledgement time). How
+    # soon after the cut that moment came is printed above, not asserted: it is a few
+    # tenths of a second here and 1.7 s was seen on a loaded CI machine; the counts below
+    # are the bound.
     assert len(after_cut) <= in_flight_at_cut, (len(after_cut), in_flight_at_cut)
     assert twice <= in_flight_at_cut + len(after_cut), (twice, in_flight_at_cut, detail)
     assert duplicates <= in_flight_at_cut, (duplicates, in_flight_at_cut)

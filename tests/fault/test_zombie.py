@@ -85,6 +85,7 @@ def owns_some(log: str) -> bool:
     return any("assigned " in line and "assigned nothing" not in line for line in log.splitlines())
 
 
+@pytest.mark.kafka_proof
 @pytest.mark.parametrize("frozen_s", FROZEN)
 def test_frozen_worker_touches_nothing_after_resume(
     frozen_s, broker, topic_factory, worker_factory, tmp_path, capsys
