@@ -535,6 +535,11 @@ class RunnerContext:
         self._blocks.running += 1  # type: ignore[union-attr]  # made by _flight
         try:
             if inspect.iscoroutinefunction(target):
+                ownership = self._config.ownership
+                if ownership is not None and ownership.stalled:
+                    # The journal stopped answering: a call started now could not be
+                    # journaled until it answers (see Ownership.admit).
+                    await ownership.admit_async(self.ref.topic, self.ref.partition, self._lease)
                 return await asyncio.create_task(_in_code_block(target(*args, **kwargs), flight))
             loop = asyncio.get_running_loop()
             ctx = contextvars.copy_context()

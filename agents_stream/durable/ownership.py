@@ -135,8 +135,9 @@ class Ownership:
 
     def admit(self, topic: str, partition: int, lease: int) -> None:
         """Before a code block starts: while the journal is :attr:`stalled`, wait (on a
-        plain thread: a code block on the event loop's thread cannot, the loop serves
-        the acks), until it answers again or the hold fails; then :meth:`check`.
+        plain thread: a code block on the event loop's thread cannot block, the loop
+        serves the acks; coroutine code blocks wait in :meth:`admit_async`), until it
+        answers again or the hold fails; then :meth:`check`.
 
         Why wait rather than fail: a stall is most often a slow broker; a call started
         now could not be journaled until it answers, and a crash or a cut meanwhile
@@ -144,6 +145,14 @@ class Ownership:
         if self.stalled and asyncio._get_running_loop() is None:
             while self.stalled and self.valid(topic, partition, lease):
                 sleep(STALL_POLL)
+        self.check(topic, partition, lease)
+
+    async def admit_async(self, topic: str, partition: int, lease: int) -> None:
+        """:meth:`admit` for a coroutine code block, which starts on the event loop's
+        thread: it waits by yielding to the loop (which goes on serving the acks that end
+        the stall) instead of blocking it."""
+        while self.stalled and self.valid(topic, partition, lease):
+            await asyncio.sleep(STALL_POLL)
         self.check(topic, partition, lease)
 
     def check_partition(self, partition: int, what: str = "") -> None:

@@ -91,6 +91,14 @@ class ConnectivityWatch:
     def stall_after(self) -> float:
         return min(STALL_MAX, max(STALL_MIN, STALL_FACTOR * self.gap), self.lost_after / 2)
 
+    def unanswered(self) -> float:
+        """Seconds since the last answer while writes are outstanding (0 when none are):
+        any thread (the metrics scrape)."""
+        client: Any = self.producer._producer
+        if client is None or not len(client):
+            return 0.0
+        return max(0.0, monotonic() - self._answered)
+
     def _on_acks(self, batch: Sequence[Ack]) -> None:
         # The thread serving delivery reports. An error report is no answer: a record
         # timing out is librdkafka giving up locally.

@@ -85,6 +85,18 @@ WORKER_COUNTERS = (
         "offset_gaps_recovered",
         "offset gaps the client had skipped: fetched again from the first missing offset",
     ),
+    (
+        "journal_stalls",
+        "journal_stalls",
+        "times the broker stopped answering journal writes long enough that new code "
+        "blocks waited (runtime/connectivity.py: below min ISR, a broker or link down)",
+    ),
+    (
+        "broker_silences",
+        "broker_silences",
+        "journal silences past the freeze limit: the worker's partitions were given up "
+        "and the group asked again",
+    ),
 )
 
 
@@ -171,6 +183,19 @@ class WorkerCollector(Collector):
             _attr(getattr(w, "registry_wait", None), "paused"),
         )
         yield _gauge("ready", "1 when partitions are assigned and caches rebuilt", int(w.ready))
+        watch = getattr(w, "connectivity", None)
+        yield _gauge(
+            "journal_unanswered_seconds",
+            "seconds since the broker last answered a journal write, while writes are "
+            "outstanding (0 when none are); new code blocks wait while it is over a few "
+            "times the usual gap",
+            watch.unanswered() if watch is not None else 0.0,
+        )
+        yield _gauge(
+            "journal_stalled",
+            "1 while new code blocks wait for the broker to answer the journal",
+            int(bool(getattr(getattr(w, "ownership", None), "stalled", False))),
+        )
         yield _gauge(
             "rebuilding_partitions",
             "input partitions whose journal caches are being caught up",

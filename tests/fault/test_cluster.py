@@ -1,7 +1,8 @@
 """Broker faults on a three-node Apache Kafka cluster (RF 3, min ISR 2), under workers
 that must live through them: the group coordinator's broker shut down and restarted
-(controlled), the transaction coordinator's broker SIGKILLed mid-stream, and the leader
-of an input partition SIGKILLed.
+(controlled), the transaction coordinator's broker SIGKILLed mid-stream, the leader
+of an input partition SIGKILLed, two of the three nodes SIGKILLed together (below min
+ISR, and the controller quorum gone), and a rolling restart of every node.
 
 An exactly-once app with two workers, fed 20 records/s (one journaled call per record)
 from an idempotent producer (the at-least-once worker's broker faults run on one node in
@@ -11,7 +12,9 @@ making progress, not only stay alive.
 
 Asserted, per app: no input lost, no acknowledged call run again, and (exactly-once) no
 duplicate output read ``read_committed``; every worker alive at the end, no CRITICAL
-line, outputs from each in the last seconds. Printed per fault: how long each app's
+line, outputs from each in the last seconds. Below min ISR the workers wait: nothing is
+dead-lettered, each says so in one WARNING line (not one per record) and counts it in
+``agents_stream_journal_stalls_total``. Printed per fault: how long each app's
 output stalled, and the partitions lost without a revoke (the consumer protocol of
 KIP-848 is built to bring that to 0; the classic one loses them on a coordinator move).
 """
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from agents_stream.testing import free_port
 from agents_stream.testing.cluster import KafkaCluster
 from agents_stream.testing.process import WorkerProcess
 from agents_stream.testing.topics import create_topics
@@ -72,6 +78,7 @@ class Fleet:
             "AS_COMMIT_INTERVAL": "0.3",
         }
         create_topics(cluster.bootstrap, [env["AS_INPUT"], env["AS_OUTPUT"]], PARTITIONS)
+        self.metrics_ports = [free_port() for _ in (1, 2)]
         self.workers = [
             WorkerProcess(
                 "tests.apps.failover_app:app",
@@ -80,9 +87,16 @@ class Fleet:
                 log_file=tmp / f"{name}-w{i}.log",
                 env=env,
                 cwd=ROOT,
-                extra_args=["--processing-guarantee", guarantee, "--worker-id", f"w{i}"],
+                extra_args=[
+                    "--processing-guarantee",
+                    guarantee,
+                    "--worker-id",
+                    f"w{i}",
+                    "--metrics-port",
+                    str(port),
+                ],
             ).start()
-            for i in (1, 2)
+            for i, port in zip((1, 2), self.metrics_ports, strict=True)
         ]
         self.feeder = Feeder(
             cluster.bootstrap, env["AS_INPUT"], partitions=PARTITIONS, interval=0.3
@@ -109,6 +123,17 @@ class Fleet:
         ts = sorted(o.t for o in list(self.tail.outs) if o.t >= since - 1.0)
         return max((b - a for a, b in itertools.pairwise(ts)), default=float("inf"))
 
+    def metric(self, name: str) -> list[float]:
+        """``agents_stream_<name>`` of each worker, from its /metrics."""
+        values = []
+        for port in self.metrics_ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            found = re.search(rf"^agents_stream_{name} (\S+)$", text, re.M)
+            assert found, (name, text[-2000:])
+            values.append(float(found.group(1)))
+        return values
+
     def lost_events(self) -> int:
         return sum(w.log().count("without a revoke") for w in self.workers)
 
@@ -126,7 +151,7 @@ def cluster(broker, tmp_path_factory):
         yield c
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys):
     fleets = [Fleet(cluster, g, tmp_path) for g in GUARANTEES]
     report: list[str] = []
@@ -137,24 +162,26 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
         for f in fleets:
             f.wait_settled()
 
-        def fault(what: str, node_id: int, crash: bool, down: float) -> None:
+        def fault(what: str, node_ids: list[int], crash: bool, down: float) -> None:
             before = {f.guarantee: f.lost_events() for f in fleets}
             began = time.time()
-            node = cluster.node(node_id)
-            if crash:
-                node.kill()
-            else:
-                node.stop()
+            nodes = [cluster.node(n) for n in node_ids]
+            for node in nodes:
+                if crash:
+                    node.kill()
+                else:
+                    node.stop()
             time.sleep(down)
-            node.start()
+            for node in nodes:
+                node.start()
             cluster.wait_for_isr()
             time.sleep(8.0)  # the members settle and catch up
             for f in fleets:
                 assert_survivors(f.workers)
                 assert_progress(f.tail, f.workers, seconds=4.0)
             report.append(
-                f"  {what} (node {node_id}, {'SIGKILL' if crash else 'SIGTERM'}, down "
-                f"{down:.0f}s): "
+                f"  {what} (node {', '.join(map(str, node_ids))}, "
+                f"{'SIGKILL' if crash else 'SIGTERM'}, down {down:.0f}s): "
                 + "; ".join(
                     f"{f.guarantee} longest output silence {f.silence(began):.1f}s, lost "
                     f"without a revoke +{f.lost_events() - before[f.guarantee]}"
@@ -165,17 +192,46 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
         eos = fleets[-1]
         fault(
             "group coordinator of the exactly-once app",
-            cluster.group_coordinator(eos.app_id),
+            [cluster.group_coordinator(eos.app_id)],
             False,
             5,
         )
         fault(
             "transaction coordinator of an exactly-once worker",
-            cluster.transaction_coordinator(eos.transactional_ids()[0]),
+            [cluster.transaction_coordinator(eos.transactional_ids()[0])],
             True,
             10,
         )
-        fault("leader of an input partition", cluster.leader("eos-in", 0), True, 10)
+        fault("leader of an input partition", [cluster.leader("eos-in", 0)], True, 10)
+
+        # Below min ISR: two nodes of three down, so every write with acks=all (journal,
+        # outputs, offsets, transaction markers) waits, and the controller quorum is gone
+        # with them. The workers wait; they do not dead-letter, stop, or log per record.
+        warning = "has not answered the journal"
+        warned = {f.guarantee: [w.log().count(warning) for w in f.workers] for f in fleets}
+        stalls = {f.guarantee: f.metric("journal_stalls_total") for f in fleets}
+        survivor = cluster.group_coordinator(eos.app_id)
+        fault("two of three nodes (below min ISR)",
+              [n for n in (1, 2, 3) if n != survivor], True, 20)  # fmt: skip
+        for f in fleets:
+            new_lines = [
+                w.log().count(warning) - n
+                for w, n in zip(f.workers, warned[f.guarantee], strict=True)
+            ]
+            after = f.metric("journal_stalls_total")
+            report.append(
+                f"    {f.guarantee} below min ISR: WARNING lines {new_lines}, "
+                f"journal stalls counted {[a - b for a, b in zip(after, stalls[f.guarantee], strict=True)]}"
+            )  # fmt: skip
+            # Each worker writes its journal and was kept waiting: one line per stall.
+            assert all(1 <= n <= 3 for n in new_lines), (new_lines, logs(f.workers))
+            assert all(a > b for a, b in zip(after, stalls[f.guarantee], strict=True))
+            assert f.metric("dead_letters_total") == [0.0, 0.0], logs(f.workers)
+
+        # A controlled rolling restart, as an upgrade does it: one node at a time, the next
+        # once every partition has its full ISR again.
+        for node_id in (1, 2, 3):
+            fault(f"rolling restart, node {node_id}", [node_id], False, 0)
         for f in fleets:
             assert_survivors(f.workers)
     except BaseException:

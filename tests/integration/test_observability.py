@@ -81,6 +81,11 @@ def test_metrics_readiness_and_json_logs(broker, topic_factory, worker_factory):
     assert sample(text, "agents_stream_agent_records_out_total", **labels) == n
     assert sample(text, "agents_stream_journal_ack_seconds_count") > 0
     assert sample(text, "agents_stream_ready") == 1
+    # A broker that answers: nothing waits on it (test_cluster.py: below min ISR).
+    assert sample(text, "agents_stream_journal_stalled") == 0
+    assert sample(text, "agents_stream_broker_silences_total") == 0
+    unanswered = sample(text, "agents_stream_journal_unanswered_seconds")
+    assert unanswered is not None and unanswered < 60, text
     assert sample(text, "agents_stream_assigned_partitions", topic=env["AS_INPUT"]) == 2
     lags = [sample(text, "agents_stream_consumer_lag", topic=env["AS_INPUT"], partition=str(p))
             for p in range(2)]  # fmt: skip

@@ -115,6 +115,41 @@ def test_a_lost_partition_starts_no_further_code_block_and_journals_nothing(agen
     assert store.entries() == []  # not the first result, not an ActionDone
 
 
+async def coro_step(n: int) -> int:
+    STARTED.append(n)
+    return n
+
+
+class CoroutineCall(Agent):
+    @action(InputEvent)
+    @staticmethod
+    async def process(event: InputEvent, ctx: RunnerContext) -> None:
+        await ctx.execute_async(coro_step, event.input)
+
+
+def test_a_coroutine_code_block_waits_out_a_stalled_journal_on_the_loop():
+    """A coroutine code block starts on the loop's thread, where Ownership.admit cannot
+    block: it waits in admit_async while the journal is stalled (runtime/connectivity.py)
+    and starts once the broker answers."""
+    STARTED.clear()
+    own = Ownership()
+    own.acquire(TOPIC, 0)
+    own.stalled = True
+    store = InMemoryActionStateStore()
+    config = ContextConfig(app_id="t", worker_id="w", codec=JSON, ownership=own)
+    runner = ActionRunner(CoroutineCall, store, config, topic=TOPIC)
+
+    async def scenario() -> None:
+        run = asyncio.create_task(runner.run(RecordInput("k", 7, 7, partition=0)))
+        await asyncio.sleep(0.2)
+        assert STARTED == [] and not run.done()  # held while stalled
+        own.stalled = False
+        await asyncio.wait_for(run, 5)
+
+    asyncio.run(scenario())
+    assert STARTED == [7]
+
+
 def test_a_pool_thread_checks_the_lease_when_it_takes_the_call_not_when_queued():
     own = Ownership()
     own.acquire(TOPIC, 0)

@@ -97,6 +97,36 @@ def test_a_code_block_waiting_on_a_stall_is_refused_once_the_hold_is_suspended()
     assert refused and "cut off" in str(refused[0])
 
 
+def test_a_coroutine_code_block_waits_on_the_loop_without_blocking_it():
+    """Coroutine code blocks start on the event loop's thread, which also serves the acks
+    that end a stall: they wait by yielding, and are refused once the hold is gone."""
+    import asyncio
+
+    own = Ownership()
+    lease = own.acquire(TOPIC, 0)
+    own.stalled = True
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        waiting = asyncio.create_task(own.admit_async(TOPIC, 0, lease))
+        for _ in range(5):  # the loop keeps running other work meanwhile
+            await asyncio.sleep(0.02)
+            seen.append("loop ran")
+        assert not waiting.done()
+        own.stalled = False
+        await asyncio.wait_for(waiting, 2)
+        seen.append("started")
+        own.stalled = True
+        refused = asyncio.create_task(own.admit_async(TOPIC, 0, lease))
+        await asyncio.sleep(0.05)
+        own.suspend("cut off")
+        with pytest.raises(OwnershipLost, match="cut off"):
+            await asyncio.wait_for(refused, 2)
+        return seen
+
+    assert asyncio.run(scenario()) == ["loop ran"] * 5 + ["started"]
+
+
 class _Admin:
     """A cluster's answer to DescribeConfigs of a broker (the decision is what is tested;
     the call itself runs on Apache Kafka in tests/fault/test_partition.py)."""
