@@ -2,7 +2,8 @@
 that must live through them: the group coordinator's broker shut down and restarted
 (controlled), the transaction coordinator's broker SIGKILLed mid-stream, the leader
 of an input partition SIGKILLed, two of the three nodes SIGKILLed together (below min
-ISR, and the controller quorum gone), and a rolling restart of every node.
+ISR, and the controller quorum gone), a rolling restart of every node, and the whole
+cluster stopped and started again.
 
 An exactly-once app with two workers, fed 20 records/s (one journaled call per record)
 from an idempotent producer (the at-least-once worker's broker faults run on one node in
@@ -166,14 +167,22 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
             before = {f.guarantee: f.lost_events() for f in fleets}
             began = time.time()
             nodes = [cluster.node(n) for n in node_ids]
-            for node in nodes:
-                if crash:
-                    node.kill()
-                else:
-                    node.stop()
-            time.sleep(down)
-            for node in nodes:
-                node.start()
+            if len(nodes) == len(cluster.nodes) and not crash:
+                # The whole cluster, as an operator restarts it: all nodes stopped at
+                # once (one by one, the last waits for a quorum already gone) and
+                # started together (each needs the others for a quorum).
+                cluster.stop()
+                time.sleep(down)
+                cluster.start()
+            else:
+                for node in nodes:
+                    if crash:
+                        node.kill()
+                    else:
+                        node.stop()
+                time.sleep(down)
+                for node in nodes:
+                    node.start()
             cluster.wait_for_isr()
             time.sleep(2.0)
             for f in fleets:
@@ -234,6 +243,7 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
         # once every partition has its full ISR again.
         for node_id in (1, 2, 3):
             fault(f"rolling restart, node {node_id}", [node_id], False, 0)
+        fault("whole cluster restart", [1, 2, 3], False, 5)
         for f in fleets:
             assert_survivors(f.workers)
     except BaseException:
