@@ -1,9 +1,9 @@
 """Broker faults on a three-node Apache Kafka cluster (RF 3, min ISR 2), under workers
-that must live through them: the group coordinator's broker shut down and restarted
-(controlled), the transaction coordinator's broker SIGKILLed mid-stream, the leader
-of an input partition SIGKILLed, two of the three nodes SIGKILLed together (below min
-ISR, and the controller quorum gone), a rolling restart of every node, and the whole
-cluster stopped and started again.
+that must live through them: a rolling restart of every node (controlled shutdowns, the
+group coordinator's node first), the transaction coordinator's broker SIGKILLed
+mid-stream, the leader of an input partition SIGKILLed, two of the three nodes SIGKILLed
+together (below min ISR, and the controller quorum gone), and the whole cluster stopped
+and started again.
 
 An exactly-once app with two workers, fed 20 records/s (one journaled call per record)
 from an idempotent producer (the at-least-once worker's broker faults run on one node in
@@ -201,12 +201,13 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
             )
 
         eos = fleets[-1]
-        fault(
-            "group coordinator of the exactly-once app",
-            [cluster.group_coordinator(eos.app_id)],
-            False,
-            5,
-        )
+        # A controlled rolling restart, as an upgrade does it: one node at a time, the next
+        # once every partition has its full ISR again; the group coordinator's node first
+        # (the coordinator move that hung an exactly-once worker, issue 50).
+        coordinator = cluster.group_coordinator(eos.app_id)
+        for node_id in [coordinator] + [n for n in (1, 2, 3) if n != coordinator]:
+            role = " (the group coordinator)" if node_id == coordinator else ""
+            fault(f"rolling restart, node {node_id}{role}", [node_id], False, 0)
         fault(
             "transaction coordinator of an exactly-once worker",
             [cluster.transaction_coordinator(eos.transactional_ids()[0])],
@@ -239,10 +240,6 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
             assert all(a > b for a, b in zip(after, stalls[f.guarantee], strict=True))
             assert f.metric("dead_letters_total") == [0.0, 0.0], logs(f.workers)
 
-        # A controlled rolling restart, as an upgrade does it: one node at a time, the next
-        # once every partition has its full ISR again.
-        for node_id in (1, 2, 3):
-            fault(f"rolling restart, node {node_id}", [node_id], False, 0)
         fault("whole cluster restart", [1, 2, 3], False, 5)
         for f in fleets:
             assert_survivors(f.workers)
