@@ -174,6 +174,7 @@ def test_retry_on_exception_succeeds_and_exhausted_retries_dead_letter(
     assert worker.terminate() == 0, worker.log()
 
 
+@pytest.mark.kafka_proof
 @pytest.mark.fault
 def test_sigkill_with_calls_in_flight_loses_nothing(broker, topic_factory, worker_factory):
     n = 400

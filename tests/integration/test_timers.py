@@ -88,6 +88,7 @@ def test_event_time_timer_fires_only_after_the_watermark_passes(
     assert firing == {**firing, "key": "b", "fired": "event", "ts": t0 + 5000}
 
 
+@pytest.mark.kafka_proof
 def test_timer_registered_before_a_crash_fires_after_restart(broker, topic_factory, worker_factory):
     env = env_for(topic_factory)
     inp, out = env["AS_INPUT"], env["AS_OUTPUT"]

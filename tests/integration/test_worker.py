@@ -83,6 +83,7 @@ def test_outputs_keep_per_key_order_when_the_next_record_starts_before_their_ack
     assert worker.terminate() == 0
 
 
+@pytest.mark.kafka_proof
 def test_two_workers_share_partitions_and_failover(broker, topic_factory, worker_factory):
     env = env_for(topic_factory)
     create_topics(broker.bootstrap, [env["AS_INPUT"]], partitions=4)
