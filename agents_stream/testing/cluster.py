@@ -270,13 +270,26 @@ class KafkaCluster:
         while time.monotonic() < deadline:
             try:
                 md = admin.list_topics(timeout=5)
+                # A topic this broker's metadata does not have yet (just created, or a
+                # node just restarted) has no partitions to lag: it is not in sync either.
                 lagging = [
+                    f"{t} (not in this broker's metadata yet)"
+                    for t in topics or ()
+                    if t not in md.topics or not md.topics[t].partitions
+                ] + [
                     f"{t}[{p}]"
                     for t, tm in md.topics.items()
                     if topics is None or t in topics
                     for p, pm in tm.partitions.items()
                     if pm.leader < 0 or len(pm.isrs) < len(pm.replicas)
                 ]
+                errors = [
+                    t
+                    for t, tm in md.topics.items()
+                    if (topics is None or t in topics) and tm.error is not None
+                ]
+                if not md.topics or errors:
+                    lagging.append(f"metadata incomplete {errors[:3]}")
                 if not lagging and len(md.brokers) == len(self.nodes):
                     return
             except Exception as exc:

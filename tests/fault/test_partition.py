@@ -51,6 +51,8 @@ KEYS_PER_PARTITION = 1000  # ~every input its own key: a lane each, as a backlog
 LONG_CUT = 15.0
 SHORT_CUT = 1.5  # well under the freeze limit and the session: nothing to do but wait
 LEARNED = ("treated as lost", "without a revoke")
+STALL_WARNING = "has not answered the journal"  # runtime/connectivity.py
+CODE_BLOCK_THREADS = 256  # the worker's default (App.code_block_threads)
 
 
 @pytest.fixture(scope="module")
@@ -220,11 +222,23 @@ def _run(network, broker, ns, victim, other, env, ledger, cut_s, guarantee, caps
     assert not after_learning, (after_learning[:10], victim_log[-4000:])
     # What runs twice is what the victim had started and not journaled: the calls in
     # flight at the cut, and those started in the moment before its journal's silence
-    # held new code blocks (a stall: a few times its usual acknowledgement time). How
-    # soon after the cut that moment came is printed above, not asserted: it is a few
-    # tenths of a second here and 1.7 s was seen on a loaded CI machine; the counts below
-    # are the bound.
-    assert len(after_cut) <= in_flight_at_cut, (len(after_cut), in_flight_at_cut)
+    # held new code blocks (a stall: a few times its usual acknowledgement time, counted
+    # from the last delivery report the loop served). How soon after the cut that came,
+    # and how many blocks started meanwhile, depend on the machine's load (0.07-1.7 s and
+    # 51-371 blocks seen): printed above, not asserted. What is asserted is the hold:
+    # once the stall's WARNING is logged, new code blocks wait, so only those already
+    # past their admission (at most one per code-block thread) may still record a start.
+    warned_at = next(
+        (
+            _log_time(line)
+            for line in victim_log.splitlines()
+            if line.startswith("[") and STALL_WARNING in line and _log_time(line) >= cut_at
+        ),
+        None,
+    )
+    assert warned_at is not None, victim_log[-4000:]
+    after_warning = [t for t in after_cut if t > warned_at]
+    assert len(after_warning) <= CODE_BLOCK_THREADS, (len(after_warning), victim_log[-4000:])
     assert twice <= in_flight_at_cut + len(after_cut), (twice, in_flight_at_cut, detail)
     assert duplicates <= in_flight_at_cut, (duplicates, in_flight_at_cut)
     if guarantee == "exactly-once":
