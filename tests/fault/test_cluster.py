@@ -219,25 +219,38 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
         # Below min ISR: two nodes of three down, so every write with acks=all (journal,
         # outputs, offsets, transaction markers) waits, and the controller quorum is gone
         # with them. The workers wait; they do not dead-letter, stop, or log per record.
-        warning = "has not answered the journal"
-        warned = {f.guarantee: [w.log().count(warning) for w in f.workers] for f in fleets}
-        stalls = {f.guarantee: f.metric("journal_stalls_total") for f in fleets}
+        # What a worker is waiting on when the outage begins decides what it says: its
+        # journal (runtime/connectivity.py: "has not answered the journal", counted in
+        # journal_stalls_total) or, under exactly-once, a transaction call kept past the
+        # worker's deadline (kafka/deadline.py: "has blocked for", kafka_calls_blocked_total).
+        waiting = ("has not answered the journal", "has blocked for")
+        counters = ("journal_stalls_total", "kafka_calls_blocked_total")
+        marks = {f.guarantee: [len(w.log()) for w in f.workers] for f in fleets}
+        before = {f.guarantee: [f.metric(c) for c in counters] for f in fleets}
         survivor = cluster.group_coordinator(eos.app_id)
         fault("two of three nodes (below min ISR)",
               [n for n in (1, 2, 3) if n != survivor], True, 20)  # fmt: skip
         for f in fleets:
-            new_lines = [
-                w.log().count(warning) - n
-                for w, n in zip(f.workers, warned[f.guarantee], strict=True)
+            said, warnings = [], []
+            for w, mark in zip(f.workers, marks[f.guarantee], strict=True):
+                lines = w.log()[mark:].splitlines()
+                said.append(sum(1 for line in lines if any(p in line for p in waiting)))
+                warnings.append(sum(1 for line in lines if "] WARNING " in line))
+            after = [f.metric(c) for c in counters]
+            then = before[f.guarantee]
+            moved = [
+                sum(after[c][i] - then[c][i] for c in range(len(counters)))
+                for i in range(len(f.workers))
             ]
-            after = f.metric("journal_stalls_total")
             report.append(
-                f"    {f.guarantee} below min ISR: WARNING lines {new_lines}, "
-                f"journal stalls counted {[a - b for a, b in zip(after, stalls[f.guarantee], strict=True)]}"
-            )  # fmt: skip
-            # Each worker writes its journal and was kept waiting: one line per stall.
-            assert all(1 <= n <= 3 for n in new_lines), (new_lines, logs(f.workers))
-            assert all(a > b for a, b in zip(after, stalls[f.guarantee], strict=True))
+                f"    {f.guarantee} below min ISR, per worker: lines saying what it waits "
+                f"on {said}, WARNING lines in all {warnings}, stalls and blocked calls "
+                f"counted {moved}"
+            )
+            assert all(n >= 1 for n in said), (said, logs(f.workers))
+            # About the outage, not about each of the ~400 records fed meanwhile.
+            assert all(n <= 40 for n in warnings), (warnings, logs(f.workers))
+            assert all(m >= 1 for m in moved), (moved, logs(f.workers))
             assert f.metric("dead_letters_total") == [0.0, 0.0], logs(f.workers)
 
         fault("whole cluster restart", [1, 2, 3], False, 5)
