@@ -16,6 +16,11 @@ What an exception escaping an action run means, in order:
 3. ``DEAD_LETTER``: ``App(on_error="dlq")``: the record goes to ``<input>-dlq`` (a timer,
    which has no record, is dropped) and processing goes on.
 
+Before any of these, a host that can take its partitions again (the worker) asks
+:func:`undelivered`: a journal or output write the cluster did not take (a broker
+outage, too few replicas in sync, a fenced transaction) is not the record's failure. It
+is abandoned, never dead-lettered, and run again from the committed offsets.
+
 Every failure is logged once, here, naming where it happened, so an operator finds the
 record in the same words whichever host ran it.
 """
@@ -27,7 +32,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from confluent_kafka import KafkaError
+
 from ..durable.errors import FATAL_ERRORS
+from ..errors import KafkaIOError, RecordRefusedError
 from ..kafka.admin import denial
 from ..serde.errors import RegistryError
 
@@ -59,6 +67,46 @@ def classify(exc: BaseException, on_error: OnError, *, can_dead_letter: bool = T
     if on_error == "fail" or not can_dead_letter:
         return Verdict.FAIL
     return Verdict.DEAD_LETTER
+
+
+# Delivery failures that say the cluster did not take a write, through no fault of the
+# record: it timed out in the client, the leader moved or went away, too few replicas in
+# sync, or (exactly-once) this producer's epoch was fenced. What a record refused itself
+# is RecordRefusedError; an authorizer's refusal is a denial (FATAL above).
+_UNDELIVERED = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._FENCED,
+        KafkaError._STATE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    }
+)
+
+
+def undelivered(exc: object) -> bool:
+    """Whether ``exc`` escaping an action run is a journal or output write the cluster
+    did not take (a broker outage, below min ISR, a fenced transaction): not the record's
+    fault, so never a dead letter. A host that can re-take its partitions runs the record
+    again from the committed offsets (its acknowledged calls replayed)."""
+    return (
+        isinstance(exc, KafkaIOError)
+        and not isinstance(exc, RecordRefusedError)
+        and exc.code in _UNDELIVERED
+        and denial(exc) is None
+    )
 
 
 def record_where(topic: str, partition: int, offset: int, key: str) -> str:

@@ -34,7 +34,7 @@ from ..durable.lane import Ended, RecordLane
 from ..durable.ownership import OwnershipLost
 from ..durable.runner import ActionRunner, RecordInput, RecordOutcome
 from ..host.dlq import REPLAY_HEADER, DeadLetters, original_identity
-from ..host.policy import judge, record_where
+from ..host.policy import judge, record_where, undelivered
 from ..host.progress import KeptJournals
 from ..host.registry_wait import RegistryWait
 from ..serde.errors import RegistryError
@@ -55,6 +55,7 @@ class AgentHost:
         on_error: Literal["dlq", "fail"],
         stats: MutableMapping[str, int],
         on_fatal: Callable[[BaseException], None],
+        on_undelivered: Callable[[BaseException], None] | None = None,
         controller: ExecutionController,
         registry_wait: RegistryWait | None = None,
     ) -> None:
@@ -65,6 +66,7 @@ class AgentHost:
         self._on_error = on_error
         self._stats = stats
         self._on_fatal = on_fatal
+        self._on_undelivered = on_undelivered
         # Per-agent counters read by the metrics collector at scrape time.
         self.counts: dict[str, int] = defaultdict(int)
         self.kept = KeptJournals()
@@ -149,6 +151,16 @@ class AgentHost:
                 msg.topic(), msg.partition(), f"action of {self.name} on {where}", outcome,
                 partial(self._rerun, record),
             )  # fmt: skip
+        if (
+            self._on_undelivered is not None
+            and isinstance(outcome, Exception)
+            and undelivered(outcome)
+        ):
+            # The cluster did not take a journal or output write (a broker outage, below
+            # min ISR): the record is abandoned, not dead-lettered, and every partition is
+            # taken again from its committed offsets (Worker._undelivered).
+            self._on_undelivered(outcome)
+            outcome = OwnershipLost(msg.topic(), msg.partition(), f"a write failed: {outcome}")
         if isinstance(outcome, OwnershipLost):
             self._abandoned(msg, outcome)
             raise outcome

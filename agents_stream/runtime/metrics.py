@@ -86,6 +86,13 @@ WORKER_COUNTERS = (
         "offset gaps the client had skipped: fetched again from the first missing offset",
     ),
     (
+        "records_undelivered",
+        "records_undelivered",
+        "records whose journal or output write the cluster did not take (timed out, "
+        "fenced, too few replicas): abandoned, not dead-lettered, and run again from the "
+        "committed offsets",
+    ),
+    (
         "journal_stalls",
         "journal_stalls",
         "times the broker stopped answering journal writes long enough that new code "

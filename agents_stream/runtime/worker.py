@@ -268,6 +268,7 @@ class Worker:
                 on_error=app.on_error,
                 stats=self.stats,
                 on_fatal=self._fail,
+                on_undelivered=self._undelivered,
                 controller=self.controller,
                 registry_wait=self.registry_wait,
             )
@@ -582,6 +583,17 @@ class Worker:
         log.warning("%s: every partition is treated as lost until the group confirms", why)
         assert self._loop is not None
         self._loop.run_in_executor(self._kafka, self.rebalance.after_freeze)
+
+    def _undelivered(self, exc: BaseException) -> None:
+        """Loop thread: a record's journal or output write was not taken by the cluster
+        (timed out in the client after its retries, fenced): the writes after it on that
+        partition may be missing too, so every hold is given up and taken again from the
+        committed offsets once the group confirms, as after a broker silence
+        (connectivity.py). Said once per episode, not per record."""
+        self.stats["records_undelivered"] += 1
+        if self.ownership.suspended is None:
+            self.ownership.suspend(f"a write to Kafka failed ({exc})")
+            self._suspected()
 
     def _denied(self, err: KafkaError) -> None:
         """The group or an input refused by the cluster's authorizer: stop, in one line."""
