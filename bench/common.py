@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from agents_stream.kafka.admin import TopicAdmin, TopicSpec, compacted
 
@@ -31,6 +31,30 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
 def create_topic(bootstrap: str, name: str, partitions: int, *, compact: bool = False) -> None:
     spec = compacted(name, partitions) if compact else TopicSpec(name, partitions)
     TopicAdmin(bootstrap).ensure([spec])
+
+
+def produce_all(bootstrap: str, topic: str, records: Iterable[tuple[int, bytes, bytes]]) -> int:
+    """Produce ``(partition, key, value)`` records as fast as the producer takes them,
+    waiting out a full queue; returns the records' bytes (keys + values)."""
+    from confluent_kafka import Producer
+
+    from agents_stream.kafka.config import producer_config
+
+    settings = {"linger.ms": 50, "queue.buffering.max.messages": 1_000_000}
+    producer = Producer(producer_config(bootstrap, {**settings, "enable.idempotence": False}))
+    size = 0
+    for n, (partition, key, value) in enumerate(records):
+        size += len(key) + len(value)
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, partition=partition)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        if n % 5_000 == 0:
+            producer.poll(0)
+    assert producer.flush(300) == 0, "records left unsent"
+    return size
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

@@ -4,7 +4,8 @@ The journal records executions, not replays (a replay writes nothing), so whethe
 later run replayed a call is read from who wrote the run's calls: a call followed, in
 the same action run, by a call another worker (host-pid) wrote was returned from the
 journal to that later worker -- replayed. The calls of a run still in progress will be
-replayed by its next run.
+replayed by its next run. Whether a reconciler settled a call is the index's inference
+from the slot's PENDING value (:func:`agents_stream.console.journal.settlement`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..durable.journal import (
     action_ordinal,
 )
 from ..durable.output_identity import output_prefix
-from .journal import Located, Unreadable
+from .journal import Located, Settlement, Unreadable
 
 RunId = tuple[str, int, str]  # (input topic, seq, action)
 
@@ -32,6 +33,8 @@ class CallView:
     offset: int
     # "" (not known to be), or who replayed it / that the next run will
     replayed: str = ""
+    # how its PENDING value (when the console read one) was settled
+    settled: Settlement | None = None
 
 
 @dataclass
@@ -80,7 +83,7 @@ def key_history(key: str, items: list[Located | Unreadable]) -> KeyHistory:
         if isinstance(entry, CallEntry):
             ref = entry.ref
             run_of(ref.topic, ref.seq, ref.action).calls.append(
-                CallView(entry, item.partition, item.offset)
+                CallView(entry, item.partition, item.offset, settled=item.settled)
             )
         elif isinstance(entry, ActionDone):
             run_of(entry.ref.topic, entry.ref.seq, entry.ref.action).done = entry

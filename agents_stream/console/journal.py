@@ -3,7 +3,12 @@
 The topic is read once from the beginning, then followed: each record replaces its key's
 entry (a tombstone removes it), as compaction will. Pages read the index, never the
 topic: a key's history is a lookup by record key, PENDING calls a dictionary of their
-own, a call id or an output identity one lookup each -- no scan per click. A value that
+own, a call id or an output identity one lookup each -- no scan per click.
+
+Reconciled calls: the journal says who wrote each value, not why, but the index reads a
+slot's PENDING value before its outcome, and the two tell who settled it
+(:func:`settlement`). Where the PENDING value was compacted away before the console read
+it, the call shows as a plain outcome: nothing in the journal says more. A value that
 does not decode is kept as :class:`Unreadable` (raw key, partition, offset, reason) and
 shown as such; it never stops the tailer or a page.
 """
@@ -11,16 +16,24 @@ shown as such; it never stops the tailer or a page.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from ..durable.journal import ActionDone, CallEntry, CallStatus, JournalEntry, MemorySnapshot
-from ..durable.keys import RECORD_KINDS, decode_identity
+from ..durable.journal import (
+    ActionDone,
+    ActionRef,
+    CallEntry,
+    CallStatus,
+    JournalEntry,
+    MemorySnapshot,
+)
+from ..durable.keys import RECORD_KINDS, call_key, decode_identity, identity_fields
 from ..durable.output_identity import output_prefix
 
 log = logging.getLogger(__name__)
@@ -37,6 +50,7 @@ class Located:
     entry: JournalEntry
     partition: int
     offset: int
+    settled: Settlement | None = None  # a call whose PENDING value the index read
 
 
 @dataclass(frozen=True)
@@ -62,10 +76,66 @@ def record_key(raw_key: bytes) -> str | None:
     return parts[1]
 
 
-# What the index keeps of a live record: partition, offset, value bytes, kind (the
-# counts' column). The bytes, not the decoded entry: a decoded CallEntry costs several
-# times its encoding, and a page decodes only the few entries of its key.
-_Stored = tuple[int, int, bytes, str]
+@dataclass(frozen=True)
+class Settlement:
+    """How a PENDING call this index read got its outcome, inferred from the two values
+    of its slot (the journal has no such field; see :func:`settlement`)."""
+
+    how: Literal["reconciler", "own run", "executed again"]
+    pending_worker: str  # who journaled PENDING
+    outcome_worker: str  # who journaled the outcome
+
+    def describe(self) -> str:
+        if self.how == "reconciler":
+            return (
+                f"settled by the reconciler on {self.outcome_worker or '?'} "
+                f"(PENDING written by {self.pending_worker or '?'}, which did not finish it)"
+            )
+        if self.how == "executed again":
+            return (
+                f"executed again by {self.outcome_worker or '?'}: the call had no reconciler "
+                f"then (PENDING written by {self.pending_worker or '?'})"
+            )
+        return f"finished by the run that journaled PENDING ({self.outcome_worker or '?'})"
+
+
+def settlement(pending: CallEntry, outcome: CallEntry) -> Settlement:
+    """Who settled a PENDING slot, from its PENDING value and the terminal one after it.
+
+    A reconciling run journals the outcome with the PENDING value's ``started_ms`` (and
+    its own worker id); a run re-executing a PENDING slot whose call no longer has a
+    reconciler journals a new ``started_ms``; the run that wrote PENDING finishes with
+    the same ``started_ms`` and worker id. A reconciler that ran in the very process
+    that wrote PENDING (its partition given back to it, or a restart under a fixed
+    ``--worker-id``) cannot be told from that run finishing: it reads as "own run".
+    """
+    how: Literal["reconciler", "own run", "executed again"] = "own run"
+    if outcome.started_ms != pending.started_ms:
+        how = "executed again"
+    elif outcome.worker_id != pending.worker_id:
+        how = "reconciler"
+    return Settlement(how, pending.worker_id, outcome.worker_id)
+
+
+@dataclass(frozen=True)
+class SettledCall:
+    """A PENDING call whose outcome the index read after it: the outcome and how."""
+
+    call: CallEntry
+    settled: Settlement
+
+
+# What the index keeps of a live record: one bytes object, a 13-byte head (kind code,
+# partition, offset) then the value's bytes, under its raw key in its record key's dict.
+# Not the decoded entry (a decoded CallEntry costs several times its encoding: a page
+# decodes only its key's few entries), nor a tuple of fields in a dict of all records
+# beside a set per key and a map by call id: that took 526 bytes per record beyond the
+# record's key and value, this 145 (bench/bench_console.py, a million records).
+_HEAD = struct.Struct(">Biq")
+KINDS = ("PENDING", "SUCCEEDED", "FAILED", "completed", "memory", "other", "unreadable")
+_CODE = {kind: code for code, kind in enumerate(KINDS)}
+_COMPLETED, _UNREADABLE = _CODE["completed"], _CODE["unreadable"]
+RECENT = 100  # settled PENDING calls kept for /pending, newest last
 
 
 def _kind(entry: JournalEntry) -> str:
@@ -78,23 +148,33 @@ def _kind(entry: JournalEntry) -> str:
     return "other"
 
 
+def _output_slot(topic: str, partition: int, seq: int, action: str) -> int:
+    """Where the outputs of one action run are indexed: a hash of what both its
+    ActionDone's raw key (with its partition) and its outputs' identities name, so a
+    lookup parses the identity and a tombstone finds the slot without decoding."""
+    return hash((topic, partition, seq, action))
+
+
 class JournalIndex:
-    """Live entries of one ActionState topic, by record key, call id, output identity,
-    plus the PENDING calls and counts per kind, all kept up to date as records arrive
-    (nothing is scanned when a page is built). Thread-safe: the tailer applies, pages
-    read."""
+    """Live entries of one ActionState topic, by record key, plus the PENDING calls, the
+    settled ones, and counts per kind, kept up to date as records arrive (nothing is
+    scanned when a page is built). A call id or an output identity is parsed into the
+    slot it names and checked against the stored entry: no per-call map. Thread-safe:
+    the tailer applies, pages read."""
 
     def __init__(self, decode: Callable[[bytes, bytes], JournalEntry], origin: str) -> None:
         self._decode = decode
         self._origin = origin  # what outputs' identities start with (the app id)
         self._lock = threading.Lock()
-        self._live: dict[bytes, _Stored] = {}
-        self._by_key: dict[str, set[bytes]] = defaultdict(set)
+        self._keys: dict[str, dict[bytes, bytes]] = {}  # record key -> raw key -> stored
+        self._other: dict[bytes, bytes] = {}  # readable entries of no record key (markers)
+        self._size = 0
         self._pending: dict[bytes, CallEntry] = {}
+        self._settled: dict[bytes, Settlement] = {}
+        self._recent: deque[SettledCall] = deque(maxlen=RECENT)
         self._unreadable: dict[bytes, Unreadable] = {}
-        self._call_ids: dict[str, str] = {}
-        self._outputs: dict[str, str] = {}
-        self._counts: dict[str, int] = defaultdict(int)
+        self._outputs: dict[int, bytes] = {}  # _output_slot -> the ActionDone's raw key
+        self._counts = [0] * len(KINDS)
         self.positions: dict[int, int] = {}  # next offset to read, per partition
         self.caught_up = False
         self.error: str | None = None  # why the tailer is not reading, if it is not
@@ -105,6 +185,7 @@ class JournalIndex:
         key = record_key(raw_key)
         with self._lock:
             self.positions[partition] = offset + 1
+            prior = self._pending.get(raw_key)  # the PENDING value this one may settle
             self._forget(raw_key, key)
             if value is None:
                 return
@@ -114,61 +195,77 @@ class JournalIndex:
                 shown = key if key is not None else raw_key.decode("utf-8", "replace")
                 reason = f"{type(exc).__name__}: {exc}"
                 self._unreadable[raw_key] = Unreadable(raw_key, shown, partition, offset, reason)
-                self._keep(raw_key, shown, (partition, offset, value, "unreadable"))
+                self._keep(raw_key, shown, _UNREADABLE, partition, offset, value)
                 return
-            self._keep(raw_key, key, (partition, offset, value, _kind(entry)))
-            self._index(raw_key, key, entry)
+            self._keep(raw_key, key, _CODE[_kind(entry)], partition, offset, value)
+            if key is None or not isinstance(entry, CallEntry | ActionDone):
+                return
+            if isinstance(entry, ActionDone):
+                if entry.outputs:
+                    ref = entry.ref
+                    slot = _output_slot(ref.topic, ref.partition, ref.seq, ref.action)
+                    self._outputs[slot] = raw_key
+            elif entry.status is CallStatus.PENDING:
+                self._pending[raw_key] = entry
+            elif prior is not None:
+                settled = settlement(prior, entry)
+                self._settled[raw_key] = settled
+                self._recent.append(SettledCall(entry, settled))
 
-    def _keep(self, raw_key: bytes, key: str | None, stored: _Stored) -> None:
-        self._live[raw_key] = stored
-        self._counts[stored[3]] += 1
-        if key is not None:
-            self._by_key[key].add(raw_key)
+    def _keep(
+        self, raw_key: bytes, key: str | None, code: int, partition: int, offset: int, value: bytes
+    ) -> None:
+        group = self._other if key is None else self._keys.setdefault(key, {})
+        group[raw_key] = _HEAD.pack(code, partition, offset) + value
+        self._counts[code] += 1
+        self._size += 1
 
     def _forget(self, raw_key: bytes, key: str | None) -> None:
-        old = self._live.pop(raw_key, None)
+        bad = self._unreadable.pop(raw_key, None)
+        name = bad.key if bad is not None else key
+        group = self._other if name is None else self._keys.get(name)
+        old = None if group is None else group.pop(raw_key, None)
         if old is None:
             return
-        self._counts[old[3]] -= 1
+        code, partition, _ = _HEAD.unpack_from(old)
+        self._counts[code] -= 1
+        self._size -= 1
+        if not group and name is not None:
+            del self._keys[name]
         self._pending.pop(raw_key, None)
-        bad = self._unreadable.pop(raw_key, None)
-        shown = bad.key if bad is not None else key
-        if shown is not None:
-            keys = self._by_key.get(shown)
-            if keys is not None:
-                keys.discard(raw_key)
-                if not keys:
-                    del self._by_key[shown]
-
-    def _index(self, raw_key: bytes, key: str | None, entry: JournalEntry) -> None:
-        if key is None:
-            return
-        if isinstance(entry, CallEntry):
-            if entry.call_id:
-                self._call_ids[entry.call_id] = key
-            if entry.status is CallStatus.PENDING:
-                self._pending[raw_key] = entry
-        elif isinstance(entry, ActionDone) and entry.outputs:
-            self._outputs[output_prefix(self._origin, entry)] = key
+        self._settled.pop(raw_key, None)
+        if code == _COMPLETED:
+            fields = identity_fields(decode_identity(raw_key))
+            try:
+                slot = _output_slot(
+                    fields["topic"], partition, int(fields["seq"]), fields["action"]
+                )
+            except (KeyError, ValueError):  # not a key a decodable ActionDone has
+                return
+            if self._outputs.get(slot) == raw_key:
+                del self._outputs[slot]
 
     # -- reads (the pages) ---------------------------------------------------------------
     def entries_of(self, key: str) -> list[Located | Unreadable]:
         """``key``'s live entries, decoded (the unreadable ones as such)."""
         with self._lock:
             raws = [
-                (raw, self._live[raw], self._unreadable.get(raw))
-                for raw in self._by_key.get(key, ())
+                (raw, stored, self._unreadable.get(raw), self._settled.get(raw))
+                for raw, stored in self._keys.get(key, {}).items()
             ]
         out: list[Located | Unreadable] = []
-        for raw, (partition, offset, value, _), bad in raws:
+        for raw, stored, bad, settled in raws:
             if bad is not None:
                 out.append(bad)
                 continue
+            _, partition, offset = _HEAD.unpack_from(stored)
             try:
-                out.append(Located(self._decode(raw, value), partition, offset))
+                entry = self._decode(raw, stored[_HEAD.size :])
             except Exception as exc:  # read once already: a codec that changed since
                 reason = f"{type(exc).__name__}: {exc}"
                 out.append(Unreadable(raw, key, partition, offset, reason))
+                continue
+            out.append(Located(entry, partition, offset, settled))
         return out
 
     def pending(self) -> list[CallEntry]:
@@ -176,6 +273,12 @@ class JournalIndex:
         with self._lock:
             calls = list(self._pending.values())
         return sorted(calls, key=lambda c: (c.started_ms, c.ref.key, c.ref.seq, c.index))
+
+    def settled(self) -> list[SettledCall]:
+        """The last :data:`RECENT` PENDING calls this index read the outcome of, newest
+        first (kept after their slots are pruned: a history, not live entries)."""
+        with self._lock:
+            return list(reversed(self._recent))
 
     def unreadable(self) -> list[Unreadable]:
         with self._lock:
@@ -186,19 +289,72 @@ class JournalIndex:
         (``x-agents-stream-output``, with or without its index)."""
         query = query.strip()
         with self._lock:
-            if query in self._by_key:
+            if query in self._keys:
                 return query
-            if query in self._call_ids:
-                return self._call_ids[query]
-            prefix = query if query.endswith("/") else query.rpartition("/")[0] + "/"
-            return self._outputs.get(prefix) or self._outputs.get(query + "/")
+        return self._key_of_call(query) or self._key_of_output(query)
+
+    def _key_of_call(self, call_id: str) -> str | None:
+        """The key of the call slot ``call_id`` names (``app:topic:key:seq:action:index``,
+        or ``app:key:seq:action:index`` before v5), if the index holds that call. App
+        ids, topic names and action ids have no ``:``; a key may."""
+        parts = call_id.rsplit(":", 3)
+        if len(parts) != 4:
+            return None
+        head, seq, action, index = parts
+        try:
+            seq_n, index_n = int(seq), int(index)
+        except ValueError:
+            return None
+        _, _, rest = head.partition(":")  # past the app id
+        topic, _, key = rest.partition(":")
+        refs = [ActionRef(rest, seq_n, action)]  # the legacy layout
+        if key:
+            refs.insert(0, ActionRef(key, seq_n, action, topic=topic))
+        for ref in refs:
+            found = self._stored_entry(ref.key, call_key(ref, index_n))
+            if isinstance(found, CallEntry) and found.call_id == call_id:
+                return ref.key
+        return None
+
+    def _key_of_output(self, identity: str) -> str | None:
+        """The key of the action run whose outputs ``identity`` names
+        (``app/topic/partition/seq/action/finished_ms[/index]``)."""
+        parts = identity.split("/")
+        if len(parts) == 6:
+            parts.append("")
+        if len(parts) != 7 or not (parts[6] == "" or parts[6].isdigit()):
+            return None
+        try:
+            slot = _output_slot(parts[1], int(parts[2]), int(parts[3]), parts[4])
+        except ValueError:
+            return None
+        with self._lock:
+            raw = self._outputs.get(slot)
+        key = None if raw is None else record_key(raw)
+        if raw is None or key is None:
+            return None
+        done = self._stored_entry(key, raw)
+        prefix = "/".join(parts[:6]) + "/"
+        if isinstance(done, ActionDone) and output_prefix(self._origin, done) == prefix:
+            return key
+        return None
+
+    def _stored_entry(self, key: str, raw: bytes) -> JournalEntry | None:
+        with self._lock:
+            stored = self._keys.get(key, {}).get(raw)
+        if stored is None or raw in self._unreadable:
+            return None
+        try:
+            return self._decode(raw, stored[_HEAD.size :])
+        except Exception:  # unreadable now: not what the query names
+            return None
 
     def stats(self) -> dict[str, int]:
         """Live entries, keys, and entries per kind (PENDING, SUCCEEDED, FAILED,
         completed, memory, unreadable, other)."""
         with self._lock:
-            counts = {kind: n for kind, n in self._counts.items() if n}
-            return {"entries": len(self._live), "keys": len(self._by_key), **counts}
+            counts = {kind: n for kind, n in zip(KINDS, self._counts, strict=True) if n}
+            return {"entries": self._size, "keys": len(self._keys), **counts}
 
 
 class JournalTailer:

@@ -15,10 +15,22 @@ from ..cli.dlq import DeadLetter, describe
 from ..cli.state import short_payload
 from ..durable.journal import CallEntry
 from .cluster import MetricsScraper, Overview
-from .history import KeyHistory
-from .journal import Unreadable
+from .history import CallView, KeyHistory
+from .journal import SettledCall, Settlement, Unreadable
 
 _LONG = 400
+
+# Said wherever the console tells reconciled calls apart: it is read off two values of
+# the slot, and where one of them is gone nothing in the journal says it.
+_SETTLED_NOTE = (
+    "Who settled a PENDING call is inferred, not journaled: the console read the slot's "
+    "PENDING value and then its outcome; an outcome written by another worker with the "
+    "PENDING value's start time is the reconciler's (the function was not run again). "
+    "Where the console never read the PENDING value (compacted away before it started) "
+    "the call shows as a plain outcome, and a reconciler run by the very process that "
+    "wrote PENDING (its partition given back, a restart under a fixed --worker-id) reads "
+    "as that run finishing."
+)
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330}
@@ -28,6 +40,7 @@ main{padding:1em 1.2em} table{border-collapse:collapse;margin:.4em 0 1.2em}
 th,td{border:1px solid #d5d9e2;padding:.25em .5em;text-align:left;vertical-align:top}
 th{background:#f0f2f6} code,.mono{font-family:ui-monospace,monospace;font-size:12px}
 .bad{background:#fde8e8} .pending{background:#fff5d6} .replayed{background:#e6f4ea}
+.reconciled{background:#efe6fa}
 .muted{color:#6b7280} .note{background:#eef4ff;padding:.5em .8em;border-radius:4px}
 form.inline{display:inline} input[type=search]{width:22em}
 """
@@ -205,8 +218,9 @@ def history_body(history: KeyHistory, origin: str, decode_output: object) -> str
                     "worker",
                     "call id",
                     "replay",
+                    "after PENDING",
                 ],
-                (_call_row(view.call, view.replayed) for view in run.calls),
+                (_call_row(view) for view in run.calls),
             )
         )
         for cut in run.truncations:
@@ -262,10 +276,17 @@ def history_body(history: KeyHistory, origin: str, decode_output: object) -> str
     if history.timers:
         rows = (("", [text(t.kind), text(when(t.ts)), text(t.agent)]) for t in history.timers)
         parts.append("<h3>Timers</h3>" + table(["kind", "at (UTC)", "agent"], rows))
+    if any(view.settled is not None for run in history.runs for view in run.calls):
+        parts.append(f'<p class="muted">{text(_SETTLED_NOTE)}</p>')
     return "".join(parts)
 
 
-def _call_row(call: CallEntry, replayed: str) -> tuple[str, list[str]]:
+def _settled_text(settled: Settlement | None) -> str:
+    return "" if settled is None else settled.describe()
+
+
+def _call_row(view: CallView) -> tuple[str, list[str]]:
+    call, replayed = view.call, view.replayed
     status = call.status.value
     if call.exception is not None:
         outcome = f"{text(call.exception.type)}: {text(payload(call.exception.message.encode()))}"
@@ -277,8 +298,9 @@ def _call_row(call: CallEntry, replayed: str) -> tuple[str, list[str]]:
     if call.finished_ms and call.started_ms:
         duration = f"{call.finished_ms - call.started_ms} ms"
     cls = "pending" if status == "PENDING" else "bad" if status == "FAILED" else ""
-    if replayed and not cls:
-        cls = "replayed"
+    reconciled = view.settled is not None and view.settled.how == "reconciler"
+    if not cls:
+        cls = "reconciled" if reconciled else "replayed" if replayed else ""
     return cls, [
         text(call.index),
         f"<code>{text(call.function_id)}</code>",
@@ -290,11 +312,44 @@ def _call_row(call: CallEntry, replayed: str) -> tuple[str, list[str]]:
         text(call.worker_id),
         f"<code>{text(call.call_id)}</code>",
         text(replayed or "no"),
+        text(_settled_text(view.settled)),
     ]
 
 
 # -- PENDING calls ----------------------------------------------------------------------
-def pending_body(calls: Sequence[CallEntry], now_ms: int) -> str:
+def pending_body(calls: Sequence[CallEntry], now_ms: int, settled: Sequence[SettledCall]) -> str:
+    parts = [_open_pending(calls, now_ms)]
+    if settled:
+        parts.append(
+            "<h3>Settled PENDING calls</h3>"
+            f'<p class="note">The last {len(settled)} PENDING call(s) this console read the '
+            f"outcome of, newest first. {text(_SETTLED_NOTE)}</p>"
+        )
+        rows = (
+            (
+                "reconciled" if s.settled.how == "reconciler" else "",
+                [
+                    _key_link(s.call.ref.key),
+                    text(s.call.ref.topic),
+                    text(s.call.ref.seq),
+                    text(s.call.ref.action),
+                    text(s.call.index),
+                    f"<code>{text(s.call.function_id)}</code>",
+                    text(s.call.status.value),
+                    text(when(s.call.started_ms)),
+                    text(when(s.call.finished_ms)),
+                    text(s.settled.describe()),
+                ],
+            )
+            for s in settled
+        )
+        headers = ["key", "topic", "seq", "action", "#", "function", "status",
+                   "started (UTC)", "finished (UTC)", "settled"]  # fmt: skip
+        parts.append(table(headers, rows))
+    return "".join(parts)
+
+
+def _open_pending(calls: Sequence[CallEntry], now_ms: int) -> str:
     if not calls:
         return "<p>No PENDING call: every reconcilable call that started has finished.</p>"
     intro = (

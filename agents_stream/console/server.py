@@ -125,7 +125,8 @@ async def search(request: web.Request) -> web.Response:
 
 async def pending(request: web.Request) -> web.Response:
     console = request.app[CONSOLE]
-    body = pages.pending_body(console.index.pending(), int(time.time() * 1000))
+    index = console.index
+    body = pages.pending_body(index.pending(), int(time.time() * 1000), index.settled())
     return console.page("PENDING calls", body, live=True)
 
 

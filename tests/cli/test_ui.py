@@ -181,7 +181,9 @@ def test_a_pending_call_of_a_killed_worker_until_its_reconciler_settles_it(
     broker, topic_factory, worker_factory, tmp_path
 ):
     """A worker SIGKILLed inside a reconcilable call leaves it PENDING: the console lists
-    it (and its key's page) until the restarted worker's reconciler journals its outcome."""
+    it (and its key's page) until the restarted worker's reconciler journals its outcome;
+    then the key's page and /pending's settled calls say the reconciler settled it (the
+    console read the PENDING value first), naming the killed worker and the new one."""
     crash = CrashScenario(broker, topic_factory, tmp_path, partial(worker_factory, CRASHY))
     crash.arm("in-charge")
     worker = crash.start()
@@ -194,10 +196,18 @@ def test_a_pending_call_of_a_killed_worker_until_its_reconciler_settles_it(
         assert "key-50" in listed and "reconciler of" in listed
         assert "PENDING" in ui.page("/key/key-50", "crashy.charge")
         crash.disarm("in-charge")
-        restarted = crash.start()
+        # Its commit, and so the pruning of the settled slot, waits: the key's page is
+        # read before the slot is tombstoned.
+        restarted = crash.start(AS_COMMIT_INTERVAL="60")
         assert crash.outputs(1)[0]["charge"] == {"charged": 50, "by": "reconciler"}
-        ui.page("/pending", "No PENDING call")
-        assert "SUCCEEDED" in ui.page("/key/key-50")
+        settled = ui.page("/pending", "No PENDING call")
+        # Worker ids are the fixture's --worker-id w<n>: the restarted worker settled it.
+        said = r"settled by the reconciler on (w\d+) \(PENDING written by (w\d+), which"
+        found = re.search(said, settled)
+        assert found and found.group(1) != found.group(2), settled
+        history = ui.page("/key/key-50", "settled by the reconciler")
+        assert "SUCCEEDED" in history and re.search(said, history), history
+        assert "inferred, not journaled" in history
     finally:
         ui.close()
     assert restarted.terminate() == 0, restarted.log()

@@ -3,6 +3,7 @@ encoded with the real journal codec (no broker)."""
 
 from __future__ import annotations
 
+from agents_stream.console import pages
 from agents_stream.console.history import key_history
 from agents_stream.console.journal import JournalIndex, Located
 from agents_stream.durable.journal import ActionDone, ActionRef, CallEntry, CallStatus
@@ -74,3 +75,63 @@ def test_an_unreadable_record_is_kept_with_its_position_and_reason():
     assert isinstance(index.entries_of("u-17")[0], Located)
     index.apply(b"\xff\xfe", b"junk", 1, 0)  # not even a key this version knows
     assert index.unreadable()[0].key == "\ufffd\ufffd"
+
+
+def test_who_settled_a_pending_call_is_read_off_its_pending_value():
+    """The reconciler's outcome keeps the PENDING value's start time under another worker
+    id; the run that wrote PENDING finishes it under its own; a call re-executed (no
+    reconciler any more) starts anew. An outcome whose PENDING value was never read
+    (compacted away) says nothing."""
+    index, codec = _index()
+    _put(index, codec, _call(0, CallStatus.PENDING, "host-1", 1000), 0)
+    _put(index, codec, _call(1, CallStatus.PENDING, "host-1", 1000), 1)
+    _put(index, codec, _call(2, CallStatus.PENDING, "host-1", 1000), 2)
+    _put(index, codec, _call(0, CallStatus.SUCCEEDED, "host-2", 1000), 3)  # reconciled
+    _put(index, codec, _call(1, CallStatus.SUCCEEDED, "host-1", 1000), 4)  # finished
+    _put(index, codec, _call(2, CallStatus.SUCCEEDED, "host-2", 7000), 5)  # re-executed
+    _put(index, codec, _call(3, CallStatus.SUCCEEDED, "host-2", 1000), 6)  # no PENDING read
+    [run] = key_history("u-17", index.entries_of("u-17")).runs
+    hows = [c.settled.how if c.settled else None for c in run.calls]
+    assert hows == ["reconciler", "own run", "executed again", None]
+    assert run.calls[0].settled.describe().startswith("settled by the reconciler on host-2")
+    assert [(s.call.index, s.settled.how) for s in index.settled()] == [
+        (2, "executed again"),
+        (1, "own run"),
+        (0, "reconciler"),
+    ]
+    page = pages.history_body(key_history("u-17", index.entries_of("u-17")), "pay", None)
+    assert page.count('class="reconciled"') == 1 and "inferred, not journaled" in page
+    listed = pages.pending_body(index.pending(), 9000, index.settled())
+    assert "No PENDING call" in listed and "settled by the reconciler on host-2" in listed
+    index.apply(entry_key_bytes(_call(0, CallStatus.SUCCEEDED, "w")), None, 0, 7)  # pruned
+    [run] = key_history("u-17", index.entries_of("u-17")).runs
+    assert [c.call.index for c in run.calls] == [1, 2, 3]
+    assert len(index.settled()) == 3  # /pending's history outlives the slot
+
+
+def test_lookups_by_call_id_and_output_identity_check_the_stored_entry():
+    """Neither is kept in a map of its own: each is parsed into the slot it names, which
+    must hold that very call or action run (keys may contain ':' and '/')."""
+    index, codec = _index()
+    ref = ActionRef("a:b/c", 7, "Charges.process#1", 1, "orders")
+    call = CallEntry(ref, 2, "app.f", "d", CallStatus.SUCCEEDED, b"1",
+                     call_id=ref.call_id("pay", 2), worker_id="w")  # fmt: skip
+    done = ActionDone(ref, outputs=(b"1", b"2"), calls=3, finished_ms=77)
+    legacy = ActionRef("old", 3, "Charges.process#0")
+    old = CallEntry(legacy, 0, "app.f", "d", CallStatus.SUCCEEDED, b"1",
+                    call_id=legacy.call_id("pay", 0))  # fmt: skip
+    for offset, entry in enumerate((call, done, old)):
+        index.apply(entry_key_bytes(entry), codec.encode(entry), 1, offset)
+    assert index.find(ref.call_id("pay", 2)) == "a:b/c"
+    assert index.find(legacy.call_id("pay", 0)) == "old"
+    assert index.find(ref.call_id("pay", 3)) is None  # no such slot
+    prefix = output_prefix("pay", done)
+    for identity in (f"{prefix}1", prefix, prefix[:-1]):
+        assert index.find(identity) == "a:b/c", identity
+    assert index.find(output_prefix("pay", ActionDone(ref, finished_ms=78))) is None
+    assert index.find("pay/orders/x/7/Charges.process#1/77/0") is None
+    index.apply(entry_key_bytes(done), None, 1, 3)  # pruned: its outputs are no longer found
+    assert index.find(prefix) is None and index._outputs == {}
+    stats = index.stats()
+    assert (stats["entries"], stats["keys"], stats["SUCCEEDED"]) == (2, 2, 2)
+    assert "completed" not in stats
