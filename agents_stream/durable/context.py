@@ -522,6 +522,7 @@ class RunnerContext:
                 if next(_ASYNC_RESULTS) & 15 == 15:
                     self._config.acks.serve_due()
                 await acked(appended)
+                self.check_hold()  # as in the sync path: an ack after the hold was lost
                 if refusal is not None:
                     raise refusal
                 return result
@@ -619,6 +620,10 @@ class RunnerContext:
                 raise error
             entry, refusal = self._outcome(index, call, started, result, attempts + tries)
             self._wait(self._append(entry))
+            # An ack that arrives after the hold was lost (a cut link healing, its queued
+            # writes delivered) may be of a transaction about to abort: not a durable
+            # result, so the action does not go on with it.
+            self.check_hold()
             if refusal is not None:
                 raise refusal
             return result

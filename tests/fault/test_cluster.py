@@ -130,7 +130,7 @@ class Fleet:
         for port in self.metrics_ports:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 text = r.read().decode()
-            found = re.search(rf"^agents_stream_{name} (\S+)$", text, re.M)
+            found = re.search(rf"^agents_stream_{re.escape(name)} (\S+)$", text, re.M)
             assert found, (name, text[-2000:])
             values.append(float(found.group(1)))
         return values
@@ -223,8 +223,16 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
         # journal (runtime/connectivity.py: "has not answered the journal", counted in
         # journal_stalls_total) or, under exactly-once, a transaction call kept past the
         # worker's deadline (kafka/deadline.py: "has blocked for", kafka_calls_blocked_total).
-        waiting = ("has not answered the journal", "has blocked for")
-        counters = ("journal_stalls_total", "kafka_calls_blocked_total")
+        waiting = (
+            "has not answered the journal",
+            "has blocked for",
+            "] WARNING agents_stream.worker: transaction ",
+        )
+        counters = (
+            "journal_stalls_total",
+            "kafka_calls_blocked_total",
+            'transactions_total{outcome="aborted"}',
+        )
         marks = {f.guarantee: [len(w.log()) for w in f.workers] for f in fleets}
         before = {f.guarantee: [f.metric(c) for c in counters] for f in fleets}
         survivor = cluster.group_coordinator(eos.app_id)
