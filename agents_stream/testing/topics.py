@@ -32,6 +32,71 @@ def create_topics(bootstrap: str, topics: Iterable[str], partitions: int = 4) ->
     TopicAdmin(bootstrap).ensure([TopicSpec(t, partitions) for t in topics])
 
 
+class Inputs:
+    """A test's input producer whose every delivery is checked.
+
+    Idempotent: a retried batch (a leader not elected yet on a new topic) must neither
+    duplicate its records (a fault test would count the copy as a call run twice) nor
+    land after later ones of the same key (Apache Kafka reordered a key's records here
+    without it). :meth:`close` raises when a record was refused or not acknowledged in
+    time: an input that never reached the topic otherwise shows up much later as a
+    "lost" record the worker never saw."""
+
+    def __init__(self, bootstrap: str, **conf: Any) -> None:
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 5,
+                "partitioner": "murmur2_random",
+                "log_level": 3,
+                "enable.idempotence": True,
+                **conf,
+            }
+        )
+        self.sent = 0
+        self.errors: list[str] = []
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(f"{msg.topic()}[{msg.partition()}] key {msg.key()!r}: {err}")
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: str | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
+        if headers:
+            kwargs["headers"] = headers
+        while True:
+            try:
+                self._producer.produce(
+                    topic,
+                    key=None if key is None else key.encode(),
+                    value=value,
+                    on_delivery=self._delivered,
+                    **kwargs,
+                )
+                break
+            except BufferError:
+                self._producer.poll(0.1)
+        self.sent += 1
+        self._producer.poll(0)
+
+    def close(self, timeout: float = 60.0) -> int:
+        """Wait for every acknowledgement; the number sent. Raises if one is missing."""
+        left = self._producer.flush(timeout)
+        if left or self.errors:
+            raise RuntimeError(
+                f"{left} of {self.sent} inputs not acknowledged in {timeout:.0f}s; "
+                f"{len(self.errors)} refused: {self.errors[:5]}"
+            )
+        return self.sent
+
+
 def produce(
     bootstrap: str,
     topic: str,
@@ -39,32 +104,12 @@ def produce(
     *,
     raw: bool = False,
 ) -> int:
-    """Produce (key, value) pairs; values are JSON-encoded unless ``raw``. Returns count."""
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 5,
-            "partitioner": "murmur2_random",
-            "log_level": 3,
-            # A batch retried (a leader not elected yet on a new topic) must neither
-            # duplicate its records nor land after later ones of the same key: Apache
-            # Kafka reordered a key's records here without it.
-            "enable.idempotence": True,
-        }
-    )
-    n = 0
+    """Produce (key, value) pairs; values are JSON-encoded unless ``raw``. Returns count;
+    raises unless every one was acknowledged (:class:`Inputs`)."""
+    inputs = Inputs(bootstrap)
     for key, value in records:
-        data = value if raw else json.dumps(value).encode()
-        while True:
-            try:
-                producer.produce(topic, key=None if key is None else key.encode(), value=data)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        n += 1
-    if producer.flush(30) != 0:
-        raise RuntimeError(f"could not deliver all records to {topic}")
-    return n
+        inputs.send(topic, value if raw else json.dumps(value).encode(), key)
+    return inputs.close(30)
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 10.0) -> list[Record]:

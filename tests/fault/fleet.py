@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from agents_stream.testing.topics import Inputs
 
 
 @dataclass(frozen=True)
@@ -34,14 +36,13 @@ class Feeder(threading.Thread):
         self, bootstrap: str, topic: str, *, partitions: int = 6, interval: float = 0.15
     ) -> None:
         super().__init__(daemon=True)
-        self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
-        )
+        self.producer = Inputs(bootstrap)
         self.topic = topic
         self.partitions = partitions
         self.interval = interval
         self.sent = 0
         self.stop = threading.Event()
+        self.failed: Exception | None = None
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -49,18 +50,22 @@ class Feeder(threading.Thread):
                 n = self.sent
                 p = n % self.partitions
                 key = f"p{p}-k{(n // self.partitions) % 3}"
-                self.producer.produce(
-                    self.topic, f'{{"n": {n}}}'.encode(), key=key.encode(), partition=p
-                )
+                self.producer.send(self.topic, f'{{"n": {n}}}'.encode(), key, partition=p)
                 self.sent += 1
-            self.producer.poll(0)
             time.sleep(self.interval)
-        assert self.producer.flush(60) == 0, "inputs not acknowledged"
+        try:
+            self.producer.close(60)
+        except RuntimeError as exc:
+            self.failed = exc
 
     def finish(self) -> int:
-        """Stop feeding; how many inputs were sent (all acknowledged)."""
+        """Stop feeding; how many inputs were sent (all acknowledged, or it raises: an
+        input that never reached the topic is not a record the workers lost)."""
         self.stop.set()
         self.join(90)
+        assert not self.is_alive(), "the feeder did not stop"
+        if self.failed is not None:
+            raise self.failed
         return self.sent
 
 
@@ -127,6 +132,23 @@ class Tail(threading.Thread):
 
 def logs(workers: Iterable[Any], chars: int = 3000) -> str:
     return "\n".join(f"--- {w.log_file}\n{w.log()[-chars:]}" for w in workers)
+
+
+def lost_report(lost: list[int], topic: str, workers: Iterable[Any], *, partitions: int = 6) -> str:
+    """Why inputs may be missing, for a failing assertion: their partitions (input ``n``
+    goes to ``n % partitions``) and what each worker logged about those partitions, with
+    every WARNING or ERROR line (CI shows only the assertion's message)."""
+    parts = sorted({n % partitions for n in lost})
+    names = tuple(f"{topic}[{p}]" for p in parts)
+    out = [f"lost {lost[:20]} (of {len(lost)}) in partitions {parts}"]
+    for w in workers:
+        lines = [
+            line
+            for line in w.log().splitlines()
+            if any(name in line for name in names) or " WARNING " in line or " ERROR " in line
+        ]
+        out.append(f"--- {w.log_file}: {len(lines)} lines\n" + "\n".join(lines[-60:]))
+    return "\n".join(out)
 
 
 def critical_lines(worker: Any) -> list[str]:

@@ -12,9 +12,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from agents_stream.testing.topics import create_topics
+from agents_stream.testing.topics import Inputs, create_topics
 from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
@@ -47,11 +47,11 @@ def alive(pid: int) -> bool:
 
 
 def produce(bootstrap: str, topic: str, numbers: range) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    inputs = Inputs(bootstrap)
     for n in numbers:
         p = n % PARTITIONS
-        producer.produce(topic, json.dumps({"n": n}).encode(), key=f"p{p}-k{n % 7}", partition=p)
-    producer.flush(30)
+        inputs.send(topic, json.dumps({"n": n}).encode(), f"p{p}-k{n % 7}", partition=p)
+    inputs.close(60)
 
 
 class Outputs:
@@ -65,7 +65,11 @@ class Outputs:
     def until(self, count: int, supervisor, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         while len({o["n"] for o in self.seen}) < count:
-            assert time.monotonic() < deadline, supervisor.log()[-4000:]
+            assert time.monotonic() < deadline, (
+                f"{len({o['n'] for o in self.seen})} of {count} outputs after {timeout:.0f}s, "
+                f"missing {sorted(set(range(count)) - {o['n'] for o in self.seen})[:20]}\n"
+                + supervisor.log()[-4000:]
+            )
             assert supervisor.alive, supervisor.log()[-4000:]
             for msg in self.consumer.consume(500, 0.2):
                 err = msg.error()

@@ -23,11 +23,11 @@ from collections import Counter
 from datetime import datetime
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from agents_stream.testing.topics import create_topics
+from agents_stream.testing.topics import Inputs, create_topics
 from tests.apps.zombie_app import count
-from tests.fault.fleet import assert_survivors
+from tests.fault.fleet import assert_survivors, lost_report
 from tests.fault.scenario import wait_log
 
 pytestmark = [pytest.mark.broker, pytest.mark.fault]
@@ -127,14 +127,12 @@ def _zombie(frozen_s, guarantee, broker, topic_factory, worker_factory, tmp_path
 
     tail = Tail(broker.bootstrap, env["AS_OUTPUT"])
     tail.start()
-    producer = Producer(
-        {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "enable.idempotence": True}
-    )
+    inputs = Inputs(broker.bootstrap)
     for n in range(INPUTS):
         p = n % PARTITIONS
         key = f"p{p}-k{(n // PARTITIONS) % KEYS_PER_PARTITION}"
-        producer.produce(env["AS_INPUT"], json.dumps({"n": n}).encode(), key=key, partition=p)
-    producer.flush(30)
+        inputs.send(env["AS_INPUT"], json.dumps({"n": n}).encode(), key, partition=p)
+    inputs.close(60)
 
     db = sqlite3.connect(str(ledger), timeout=60)
     db.execute("PRAGMA busy_timeout=60000")
@@ -205,7 +203,7 @@ def _zombie(frozen_s, guarantee, broker, topic_factory, worker_factory, tmp_path
             f"{len(lost)}"
         )
     assert "treated as lost" in victim_log or "without a revoke" in victim_log, victim_log[-4000:]
-    assert not lost, lost[:20]
+    assert not lost, lost_report(lost, env["AS_INPUT"], [victim, other], partitions=PARTITIONS)
     assert not zombie_dups, (zombie_dups[:20], victim_log[-4000:])
     assert not reexecuted_acked, reexecuted_acked[:20]
     assert duplicates <= in_flight_at_stop, (duplicates, in_flight_at_stop)

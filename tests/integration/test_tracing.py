@@ -10,12 +10,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from confluent_kafka import Producer
 
 from agents_stream import App, tracing
 from agents_stream.cli.dlq import read_dead_letters, replay
 from agents_stream.testing.live import LiveWorker
-from agents_stream.testing.topics import create_topics, produce, wait_for_records
+from agents_stream.testing.topics import Inputs, create_topics, produce, wait_for_records
 from tests.apps import dlq_app
 from tests.apps.effects import connect
 
@@ -70,14 +69,14 @@ def test_spans_of_records_actions_and_code_blocks(
     create_topics(broker.bootstrap, [source], partitions=1)
     app = App(f"{source}-app", partitions=1, commit_interval=0.3)
     app.agent(dlq_app.Orders, input=source, output=out)
-    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    inputs = Inputs(broker.bootstrap)
     upstream = f"00-{UPSTREAM_TRACE}-{UPSTREAM_SPAN}-01".encode()
     for order, bad in (("o1", "false"), ("o2", "true")):
-        producer.produce(
-            source, f'{{"order": "{order}", "bad": {bad}}}'.encode(), key=b"u-17",
+        inputs.send(
+            source, f'{{"order": "{order}", "bad": {bad}}}'.encode(), "u-17",
             headers=[("traceparent", upstream)],
         )  # fmt: skip
-    producer.flush(30)
+    inputs.close(30)
     with LiveWorker(app, broker=broker.url):
         [output] = wait_for_records(broker.bootstrap, out, 1, timeout=60)
         [letter] = read_dead_letters(broker.bootstrap, f"{source}-dlq")
