@@ -10,6 +10,16 @@ formatted with one cluster id and a static voter set (``controller.quorum.voters
 any two nodes form a quorum. A node stopped (SIGTERM: a controlled shutdown) or killed
 (SIGKILL) keeps its log dir and ports; :meth:`KafkaNode.start` brings it back, and
 :meth:`KafkaCluster.wait_for_isr` waits until every replica caught up again.
+
+A node can also be cut off from the network while it runs (root only, see
+:mod:`.netns`): given a :class:`~agents_stream.testing.netns.Network`, the nodes listen on
+its bridge, and each node named in ``isolated`` runs in a network namespace of its own,
+where :meth:`KafkaCluster.cut` takes its link down (silence to the other nodes and every
+client, as a failed switch port) and :meth:`KafkaCluster.heal` brings it back::
+
+    with Network() as net, KafkaCluster(3, network=net, isolated=(3,)) as cluster:
+        cluster.cut(3)          # the quorum of 1 and 2 fences node 3, elects new leaders
+        cluster.heal(3)         # node 3 catches up as a follower
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +39,7 @@ from typing import Any, Literal
 from ..runtime.embedded import BrokerStartError
 from .kafka import KAFKA_VERSION, KafkaBroker, _cluster_id, ensure_kafka, find_java
 from .launcher import free_ports
+from .netns import Namespace, Network
 
 __all__ = ["KafkaCluster", "KafkaNode", "coordinator_partition"]
 
@@ -53,9 +64,19 @@ class KafkaNode(KafkaBroker):
     """One node of a :class:`KafkaCluster`: a :class:`KafkaBroker` whose properties join
     the cluster's quorum instead of a standalone one."""
 
-    def __init__(self, cluster: KafkaCluster, node_id: int, port: int, controller_port: int):
+    def __init__(
+        self,
+        cluster: KafkaCluster,
+        node_id: int,
+        port: int,
+        controller_port: int,
+        *,
+        host: str = "127.0.0.1",
+        namespace: Namespace | None = None,
+    ):
         super().__init__(
             port,
+            host=host,
             data_dir=cluster.data_dir / f"node-{node_id}",
             properties=cluster.properties,
             heap=cluster.heap,
@@ -65,6 +86,7 @@ class KafkaNode(KafkaBroker):
         self.cluster = cluster
         self.node_id = node_id
         self.controller_port = controller_port
+        self.namespace = namespace  # its own network namespace: it can be cut off
 
     def server_properties(self) -> dict[str, str]:
         props = super().server_properties()
@@ -113,7 +135,9 @@ class KafkaNode(KafkaBroker):
         config = self._write_config()
         self._format(java, lib, config)
         self.log_file = self.log_file or self._dir / "server.log"
-        self._spawn(self._java_cmd(java, lib, "kafka.Kafka", str(config)))
+        cmd = self._java_cmd(java, lib, "kafka.Kafka", str(config))
+        # `ip netns exec` execs the JVM: same pid, so stop and kill reach it as before.
+        self._spawn(self.namespace.command(cmd) if self.namespace is not None else cmd)
         if self.cluster.started:
             self._wait_ready(began + timeout)
         self.start_seconds = time.monotonic() - began
@@ -131,6 +155,9 @@ class KafkaCluster:
             ``__exit__``, when omitted).
         properties: extra or overriding server properties for every node.
         heap: JVM heap options per node (default ``-Xmx384m -Xms128m``).
+        network: listen on this network's bridge instead of loopback (root only).
+        isolated: node ids run in a network namespace of their own on ``network``, to
+            :meth:`cut` and :meth:`heal`.
     """
 
     kind: Literal["kafka"] = "kafka"
@@ -143,9 +170,16 @@ class KafkaCluster:
         properties: Mapping[str, str | int] | None = None,
         heap: str | None = None,
         version: str = KAFKA_VERSION,
+        network: Network | None = None,
+        isolated: Iterable[int] = (),
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
+        isolated = set(isolated)
+        if isolated and network is None:
+            raise ValueError("isolated nodes need a network (agents_stream.testing.netns)")
+        if not isolated <= set(range(1, nodes + 1)):
+            raise ValueError(f"isolated {sorted(isolated)}: node ids are 1..{nodes}")
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="agents-stream-cluster-"))
         self.properties = {k: str(v) for k, v in (properties or {}).items()}
@@ -157,9 +191,21 @@ class KafkaCluster:
         self.started = False
         self.start_seconds: float | None = None
         ports = free_ports(2 * nodes)
-        self.host = "127.0.0.1"
-        self.voters = ",".join(f"{i + 1}@{self.host}:{ports[nodes + i]}" for i in range(nodes))
-        self.nodes = [KafkaNode(self, i + 1, ports[i], ports[nodes + i]) for i in range(nodes)]
+        self.host = "127.0.0.1" if network is None else network.gateway
+        namespaces = {
+            i: network.namespace(f"kafka{i}") for i in sorted(isolated) if network is not None
+        }
+        hosts = {
+            i: namespaces[i].address if i in namespaces else self.host for i in range(1, nodes + 1)
+        }
+        self.voters = ",".join(f"{i + 1}@{hosts[i + 1]}:{ports[nodes + i]}" for i in range(nodes))
+        self.nodes = [
+            KafkaNode(
+                self, i + 1, ports[i], ports[nodes + i],
+                host=hosts[i + 1], namespace=namespaces.get(i + 1),
+            )
+            for i in range(nodes)
+        ]  # fmt: skip
 
     # -- addresses ----------------------------------------------------------------------
     @property
@@ -188,7 +234,9 @@ class KafkaCluster:
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
 
-        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        # Not through a node that is cut off: a request to it waits for nothing.
+        reachable = [n.bootstrap for n in self.nodes if n.namespace is None or not n.namespace.down]
+        return AdminClient({"bootstrap.servers": ",".join(reachable), "log_level": 0})
 
     def _wait_brokers(self, count: int, deadline: float) -> None:
         admin = self._admin()
@@ -239,7 +287,34 @@ class KafkaCluster:
     ) -> None:
         self.cleanup()
 
+    # -- network partitions -------------------------------------------------------------
+    def cut(self, node_id: int) -> None:
+        """Take node ``node_id``'s link down (it keeps running, unreachable)."""
+        self._namespace(node_id).cut()
+
+    def heal(self, node_id: int) -> None:
+        self._namespace(node_id).heal()
+
+    def _namespace(self, node_id: int) -> Namespace:
+        ns = self.node(node_id).namespace
+        if ns is None:
+            raise ValueError(f"node {node_id} is not isolated (KafkaCluster(isolated=...))")
+        return ns
+
     # -- who leads what -----------------------------------------------------------------
+    def led_by(self, node_id: int, topics: Iterable[str] | None = None) -> list[str]:
+        """The partitions (``topic[p]``) node ``node_id`` leads in the metadata the other
+        nodes answer with (all topics, internal ones included, unless ``topics``)."""
+        md = self._admin().list_topics(timeout=10)
+        wanted = None if topics is None else set(topics)
+        return [
+            f"{t}[{p}]"
+            for t, tm in md.topics.items()
+            if wanted is None or t in wanted
+            for p, pm in tm.partitions.items()
+            if pm.leader == node_id
+        ]
+
     def leader(self, topic: str, partition: int) -> int:
         """The node id leading ``topic[partition]`` (-1: none now)."""
         md = self._admin().list_topics(topic, timeout=10)

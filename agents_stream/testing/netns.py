@@ -56,6 +56,7 @@ class Namespace:
         self.link = link  # the root-side veth end (a bridge port): what a cut takes down
         self.address = address
         self.cuts = 0
+        self.down = False  # cut now
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside this namespace (same process id: ``ip netns exec`` execs)."""
@@ -65,9 +66,11 @@ class Namespace:
         """Take the link down: every packet to and from the namespace is dropped."""
         _ip("link", "set", self.link, "down")
         self.cuts += 1
+        self.down = True
 
     def heal(self) -> None:
         _ip("link", "set", self.link, "up")
+        self.down = False
 
     def remove(self) -> None:
         # Deleting the namespace deletes its veth end, and with it the peer.

@@ -1,9 +1,11 @@
 """Broker faults on a three-node Apache Kafka cluster (RF 3, min ISR 2), under workers
 that must live through them: a rolling restart of every node (controlled shutdowns, the
 group coordinator's node first), the transaction coordinator's broker SIGKILLed
-mid-stream, the leader of an input partition SIGKILLed, two of the three nodes SIGKILLed
-together (below min ISR, and the controller quorum gone), and the whole cluster stopped
-and started again.
+mid-stream, the leader of an input partition SIGKILLed, node 3 cut off from the network
+while it runs (root only: it runs in a network namespace of its own, agents_stream/
+testing/netns.py; the other two nodes fence it and take over what it led, which the test
+checks), two of the three nodes SIGKILLed together (below min ISR, and the controller
+quorum gone), and the whole cluster stopped and started again.
 
 An exactly-once app with two workers, fed 20 records/s (one journaled call per record)
 from an idempotent producer (the at-least-once worker's broker faults run on one node in
@@ -34,6 +36,7 @@ import pytest
 
 from agents_stream.testing import free_port
 from agents_stream.testing.cluster import KafkaCluster
+from agents_stream.testing.netns import Network, netns_missing
 from agents_stream.testing.process import WorkerProcess
 from agents_stream.testing.topics import create_topics
 from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
@@ -148,8 +151,19 @@ class Fleet:
 def cluster(broker, tmp_path_factory):
     del broker  # selects the Kafka runs only; this module runs its own cluster
     tmp = tmp_path_factory.mktemp("cluster")
-    with KafkaCluster(nodes=3, data_dir=tmp / "nodes") as c:
+    if netns_missing() is not None:  # not root: every fault but the cut
+        with KafkaCluster(nodes=3, data_dir=tmp / "nodes") as c:
+            yield c
+        return
+    # Its own subnet: test_partition.py's network (same process) is another bridge.
+    with (
+        Network(subnet=1 + (os.getpid() + 125) % 250) as net,
+        KafkaCluster(nodes=3, data_dir=tmp / "nodes", network=net, isolated=(CUT,)) as c,
+    ):
         yield c
+
+
+CUT = 3  # the node that runs in a network namespace of its own
 
 
 @pytest.mark.timeout(1200)
@@ -183,6 +197,10 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
                 time.sleep(down)
                 for node in nodes:
                     node.start()
+            settle(began, f"{what} (node {', '.join(map(str, node_ids))}, "
+                   f"{'SIGKILL' if crash else 'SIGTERM'}, down {down:.0f}s)", before)  # fmt: skip
+
+        def settle(began: float, what: str, before: dict[str, int]) -> None:
             cluster.wait_for_isr()
             time.sleep(2.0)
             for f in fleets:
@@ -191,8 +209,7 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
                 f.wait_settled(timeout=120)
                 assert_progress(f.tail, f.workers, seconds=4.0)
             report.append(
-                f"  {what} (node {', '.join(map(str, node_ids))}, "
-                f"{'SIGKILL' if crash else 'SIGTERM'}, down {down:.0f}s): "
+                f"  {what}: "
                 + "; ".join(
                     f"{f.guarantee} longest output silence {f.silence(began):.1f}s, lost "
                     f"without a revoke +{f.lost_events() - before[f.guarantee]}"
@@ -215,6 +232,30 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
             10,
         )
         fault("leader of an input partition", [cluster.leader("eos-in", 0)], True, 10)
+        if cluster.node(CUT).namespace is not None:
+            # Cut off, running: silence to the other nodes and to the workers (no RST).
+            # The quorum of the other two fences it once its broker session lapses, and
+            # moves the leadership of what it led to the replicas in sync.
+            led = cluster.led_by(CUT)
+            before = {f.guarantee: f.lost_events() for f in fleets}
+            began = time.time()
+            cluster.cut(CUT)
+            still: list[str] = led
+            try:
+                deadline = time.monotonic() + 60
+                while still and time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    still = cluster.led_by(CUT)
+                stepped_down = time.time() - began
+                time.sleep(max(0.0, 20 - stepped_down))
+            finally:
+                cluster.heal(CUT)
+            assert not still, f"node {CUT} still leads {still[:10]} 60 s after its cut"
+            settle(began, f"node {CUT} cut off for 20s", before)
+            report.append(
+                f"    node {CUT} led {len(led)} partitions when cut; none of them "
+                f"{stepped_down:.1f}s later"
+            )
 
         # Below min ISR: two nodes of three down, so every write with acks=all (journal,
         # outputs, offsets, transaction markers) waits, and the controller quorum is gone
