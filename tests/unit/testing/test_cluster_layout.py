@@ -28,7 +28,7 @@ def test_loopback_by_default(tmp_path):
 def test_isolated_nodes_need_a_network_and_real_ids(tmp_path):
     with pytest.raises(ValueError, match="need a network"):
         KafkaCluster(3, data_dir=tmp_path, isolated=(3,))
-    with pytest.raises(ValueError, match="node ids are 1..3"):
+    with pytest.raises(ValueError, match=r"node ids are 1\.\.3"):
         KafkaCluster(3, data_dir=tmp_path, network=Network(subnet=9), isolated=(4,))
 
 
