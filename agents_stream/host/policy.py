@@ -72,9 +72,12 @@ def classify(exc: BaseException, on_error: OnError, *, can_dead_letter: bool = T
 # Delivery failures that say the cluster did not take a write, through no fault of the
 # record: it timed out in the client, the leader moved or went away, too few replicas in
 # sync, or (exactly-once) this producer's epoch was fenced. What a record refused itself
-# is RecordRefusedError; an authorizer's refusal is a denial (FATAL above).
+# is RecordRefusedError; an authorizer's refusal is a denial (FATAL above). _FATAL: the
+# producer itself is unusable (a transactional one fenced: the host replaces it; an
+# idempotent journal producer: the worker stops, see Worker._undelivered).
 _UNDELIVERED = frozenset(
     {
+        KafkaError._FATAL,
         KafkaError._MSG_TIMED_OUT,
         KafkaError._TIMED_OUT,
         KafkaError._TIMED_OUT_QUEUE,

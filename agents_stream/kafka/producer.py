@@ -476,6 +476,17 @@ class AckingProducer:
                         f"{self._max_message_bytes})",
                         code=error.code(),
                     ) from exc
+                if isinstance(error, KafkaError) and error.code() == KafkaError._FATAL:
+                    # The producer is unusable (a transactional one fenced, e.g. by its own
+                    # replacement's late initialisation): the write was not taken, which
+                    # is not the record's fault (host/policy.py undelivered), and the
+                    # producer must be replaced (kafka/transactions.py) or the worker
+                    # restarted; never an action error, never a dead letter.
+                    raise KafkaIOError(
+                        f"a write to {topic} was not taken: the producer is in a fatal "
+                        f"state ({error.str()}; librdkafka's FATAL line says why)",
+                        code=KafkaError._FATAL,
+                    ) from exc
                 raise
             except BufferError:
                 # Local queue full: let deliveries drain instead of failing the action.

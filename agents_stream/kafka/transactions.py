@@ -89,6 +89,7 @@ class TransactionalProducer(AckingProducer):
         self.deadline = deadline or Deadline()
         self._initialised = False  # init_transactions succeeded on the current producer
         self._aborting = False  # an abort timed out: the next abort() resumes it
+        self._resume_init = False  # a renewal's init timed out: the next recovery resumes it
         self._gate = threading.Condition()
         self._held: list[_Send] | None = None  # sends queued while a commit runs
         self._producing = 0  # sends inside produce() right now
@@ -206,6 +207,23 @@ class TransactionalProducer(AckingProducer):
         new one, whose initialisation aborts whatever the old one left open."""
         self.aborts += 1
         self.sent = 0
+        if not self._initialised and failure is None and self._resume_init:
+            # The last renewal's initialisation timed out (a coordinator not available
+            # yet): librdkafka goes on with it in the background, so it is resumed on
+            # the same producer. A new one instead would be fenced by the old one's
+            # initialisation completing later (seen on a three-node cluster below min
+            # ISR: the replacement's next write failed "fenced by a newer instance").
+            try:
+                self._call("init", self.producer.init_transactions, self.timeout)
+            except TransactionFailed as blocked:  # past the deadline: a new producer
+                failure = blocked
+            except KafkaException as exc:
+                failure = _failed("init", exc)
+                if _retriable(exc) and not failure.fenced:
+                    raise failure from exc  # the host's recovery tries again later
+            else:
+                self._initialised, self._resume_init = True, False
+                return
         if not self._initialised and failure is None:
             # A renewal that did not complete: nothing to abort, try it once more.
             failure = TransactionFailed(
@@ -256,9 +274,12 @@ class TransactionalProducer(AckingProducer):
         with self._lock:  # the poll thread reads _producer on every round
             self._producer = Producer(self._config)
         self._dispatch()
+        self._resume_init = False
         try:
             self._call("init", self._producer.init_transactions, self.timeout)
         except KafkaException as exc:
+            # Timed out: resumed by the next recovery (see _recover), not replaced.
+            self._resume_init = _retriable(exc)
             raise _failed("init", exc) from exc
         self._initialised = True
 
@@ -356,6 +377,11 @@ def _blocking(fn: Callable[..., None]) -> Callable[..., None]:
         threading.Event().wait()
 
     return call
+
+
+def _retriable(exc: KafkaException) -> bool:
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and error.retriable() and not error.fatal()
 
 
 def _failed(step: str, exc: KafkaException) -> TransactionFailed:

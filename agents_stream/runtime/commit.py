@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ..durable.journal import InputProgress
 from ..durable.ownership import Ownership, OwnershipLost
@@ -135,6 +135,13 @@ class TransactionalCommit:
             # Only a suspension of every hold gets here (a partition revoked since the
             # snapshot is excluded before): abort, as for any partition lost.
             raise TransactionFailed(f"not committing: {exc}") from exc
+        except KafkaIOError as exc:
+            # The producer refused the write (fatal: fenced by a newer instance of its
+            # transactional.id): this transaction cannot commit; the recovery aborts it
+            # and replaces a fenced producer, instead of the commit loop stopping.
+            raise TransactionFailed(
+                f"not committing: {exc}", fenced=exc.code == KafkaError._FATAL, code=exc.code
+            ) from exc
 
         def still_held() -> None:
             # The last look before the commit: a partition lost meanwhile must not have

@@ -591,6 +591,13 @@ class Worker:
         committed offsets once the group confirms, as after a broker silence
         (connectivity.py). Said once per episode, not per record."""
         self.stats["records_undelivered"] += 1
+        if getattr(exc, "code", None) == KafkaError._FATAL and self.transactions is None:
+            # The journal producer is unusable for good (an idempotence failure): taking
+            # the partitions again would fail the same way. A restart gets a new one.
+            if self.fatal is None:
+                log.critical("journal producer unusable, stopping: %s", exc)
+                self._fail(exc)
+            return
         if self.ownership.suspended is None:
             self.ownership.suspend(f"a write to Kafka failed ({exc})")
             self._suspected()
