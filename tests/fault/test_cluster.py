@@ -310,6 +310,7 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
         # not leave them running (they loaded every later test of the session).
         for f in fleets:
             f.stop()
+            f.tail.stop.set()  # its consumer would go on polling a stopped cluster
         raise
     finally:
         sent = {f.guarantee: f.feeder.finish() for f in fleets}

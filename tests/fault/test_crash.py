@@ -13,7 +13,8 @@ from agents_stream.testing.topics import read_topic
 from tests.apps.crashy import rich_value, shape
 from tests.fault.scenario import CrashScenario, wait_log
 
-pytestmark = [pytest.mark.broker, pytest.mark.fault]
+# Guarantee proofs: on Apache Kafka only when both brokers run (tests/conftest.py).
+pytestmark = [pytest.mark.broker, pytest.mark.fault, pytest.mark.kafka_proof]
 
 APP = "tests.apps.crashy:app"
 
