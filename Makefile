@@ -42,7 +42,7 @@ demo-crash: venv  ## SIGKILL the payments worker mid-charge, restart it, check t
 # the worker's startup checks of existing topics) plus every kafka_only test wherever it
 # is (compaction, transactions). The other Spark, Faust and CLI broker tests run on the
 # embedded broker only, and the long guarantee proofs (marked kafka_proof: chaos,
-# failover, zombie, crash window) on Kafka only: the suite took 58 min on the 2-core CI
+# failover, zombie, crash window, crashes) on Kafka only: the suite took 58 min on the 2-core CI
 # machine with them on both. Without java/mvn the Kafka runs skip with one line.
 # `make test KAFKA_PATHS=tests`: every other broker test on both.
 KAFKA_PATHS ?= tests/integration,tests/fault,tests/cli/test_worker_startup.py

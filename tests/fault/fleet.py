@@ -8,10 +8,14 @@ Outputs are the failover app's (tests/apps/failover_app.py): ``{"n", "pid", "t"}
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -148,6 +152,26 @@ def lost_report(lost: list[int], topic: str, workers: Iterable[Any], *, partitio
             if any(name in line for name in names) or " WARNING " in line or " ERROR " in line
         ]
         out.append(f"--- {w.log_file}: {len(lines)} lines\n" + "\n".join(lines[-60:]))
+    return "\n".join(out)
+
+
+def stacks(workers: Iterable[Any]) -> str:
+    """Every thread's stack in each worker still running (py-spy, when installed): what a
+    worker that stopped making progress waits on, for a failing assertion."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    out = []
+    for w in workers:
+        if w.proc is None or not w.alive:
+            continue
+        try:
+            dump = subprocess.run(
+                [spy, "dump", "--pid", str(w.proc.pid)],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            text = dump.stdout or dump.stderr
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text = f"no stacks: {exc}"
+        out.append(f"--- stacks of {w.log_file}\n{text}")
     return "\n".join(out)
 
 

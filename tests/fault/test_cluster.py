@@ -40,7 +40,7 @@ from agents_stream.testing.netns import Network, netns_missing
 from agents_stream.testing.process import WorkerProcess
 from agents_stream.testing.topics import create_topics
 from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
-from tests.fault.fleet import Feeder, Tail, assert_progress, assert_survivors, logs
+from tests.fault.fleet import Feeder, Tail, assert_progress, assert_survivors, logs, stacks
 
 pytestmark = [
     pytest.mark.broker,
@@ -115,7 +115,9 @@ class Fleet:
         pids = {w.proc.pid for w in self.workers if w.proc is not None}
         while True:
             assert_survivors(self.workers)
-            assert time.monotonic() < deadline, f"never settled\n{logs(self.workers)}"
+            assert time.monotonic() < deadline, (
+                f"never settled\n{logs(self.workers)}\n{stacks(self.workers)}"
+            )
             owners = self.tail.owners(time.time() - 2.0)
             served = {pid for ps in owners.values() for pid in ps}
             if len(owners) == PARTITIONS and served == pids:
