@@ -38,7 +38,7 @@ from agents_stream.testing import free_port
 from agents_stream.testing.cluster import KafkaCluster
 from agents_stream.testing.netns import Network, netns_missing
 from agents_stream.testing.process import WorkerProcess
-from agents_stream.testing.topics import create_topics
+from agents_stream.testing.topics import create_topics, read_topic
 from tests.apps.effects import REEXECUTED_AFTER_ACK, connect
 from tests.fault.fleet import Feeder, Tail, assert_progress, assert_survivors, logs, stacks
 
@@ -341,6 +341,15 @@ def test_coordinator_and_leader_faults_both_guarantees(cluster, tmp_path, capsys
         db.close()
         duplicates = sum(c - 1 for c in per_input.values())
         results.append((f, lost, duplicates, reexecuted))
+        # The input itself, to tell a worker's fault from the feeder's: an idempotent
+        # producer may still write a record twice across an outage (a run at 22:14 had
+        # 1,346 records in one partition for 1,345 sends).
+        inputs = Counter(r.json()["n"] for r in read_topic(cluster.bootstrap, f.feeder.topic))
+        report.append(
+            f"  {f.guarantee} input topic: {sum(inputs.values())} records, written twice "
+            f"{sorted(n for n, c in inputs.items() if c > 1)[:20]}, missing "
+            f"{sorted(set(range(sent[f.guarantee])) - set(inputs))[:20]}"
+        )
         twice_out = sorted(n for n, c in per_input.items() if c > 1)[:20]
         report.append(
             f"  {f.guarantee}: {sent[f.guarantee]} inputs, lost={len(lost)} {lost[:20]}, "
