@@ -487,6 +487,14 @@ class AckingProducer:
                         f"state ({error.str()}; librdkafka's FATAL line says why)",
                         code=KafkaError._FATAL,
                     ) from exc
+                if isinstance(error, KafkaError) and error.code() == KafkaError._STATE:
+                    # A transactional producer with no transaction open (the
+                    # TransactionalProducer refuses those sends itself; this is the
+                    # client's word for one that raced it): not the record's fault.
+                    raise KafkaIOError(
+                        f"a write to {topic} was not taken: {error.str()}",
+                        code=KafkaError._STATE,
+                    ) from exc
                 raise
             except BufferError:
                 # Local queue full: let deliveries drain instead of failing the action.

@@ -94,6 +94,10 @@ class TransactionalProducer(AckingProducer):
         self._held: list[_Send] | None = None  # sends queued while a commit runs
         self._producing = 0  # sends inside produce() right now
         self._open = False
+        # A transaction is begun: librdkafka refuses a produce outside one (_STATE), and
+        # between a failed commit and the host's recovery (an abort or a renewal that
+        # timed out, retried with a backoff) none is. Read and set under the gate.
+        self._begun = False
         self.sent = 0  # records produced into the open transaction
         self.commits = 0
         self.aborts = 0
@@ -122,7 +126,9 @@ class TransactionalProducer(AckingProducer):
                             raise
                         log.info("transactions not initialised yet (%s): retrying", error)
                 self._initialised = self._open = True
-            self.producer.begin_transaction()
+            with self._gate:
+                self.producer.begin_transaction()
+                self._begun = True
         except KafkaException as exc:
             raise _failed("begin", exc) from exc
 
@@ -287,19 +293,23 @@ class TransactionalProducer(AckingProducer):
     def _hold(self) -> None:
         with self._gate:
             self._held = []
+            self._begun = False  # a commit or an abort ends it
             while self._producing:
                 self._gate.wait()
 
     def _release(self, *, produce: bool) -> None:
         with self._gate:
+            # Begun before the gate opens: a send that comes in right after must find
+            # the transaction open. Not after an abort that did not finish, nor before a
+            # renewal completes: the host's recovery calls abort() again, and sends
+            # meanwhile are refused (see _produce).
+            if self._open and self._initialised and not self._aborting:
+                try:
+                    self.producer.begin_transaction()
+                    self._begun = True
+                except KafkaException as exc:
+                    log.error("next transaction did not begin: %s", exc)
             held, self._held = self._held or [], None
-        # Not after an abort that did not finish, nor before a renewal completes: the
-        # host's recovery calls abort() again.
-        if self._open and self._initialised and not self._aborting:
-            try:
-                self.producer.begin_transaction()
-            except KafkaException as exc:
-                log.error("next transaction did not begin: %s", exc)
         if not produce:
             for topic, value, key, partition, _, delivered in held:
                 if delivered is not None:
@@ -322,6 +332,17 @@ class TransactionalProducer(AckingProducer):
             if self._held is not None:
                 self._held.append((topic, value, key, partition, headers, delivered))
                 return
+            if not self._begun:
+                # A failed commit whose recovery has not completed (an abort or a
+                # renewal timed out: a coordinator moving, below min ISR). The host
+                # releases every partition after it; this record is abandoned with
+                # them (host/policy.py undelivered), never taken for an action error
+                # and dead-lettered, as librdkafka's own refusal (_STATE) was.
+                raise KafkaIOError(
+                    f"a write to {topic} was not taken: no transaction is open (the "
+                    "transactional producer is being recovered)",
+                    code=KafkaError._STATE,
+                )
             self._producing += 1
             self.sent += 1
         try:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from ..durable.journal import TimerEntry
 
@@ -137,6 +137,8 @@ def input_end(
     try:
         low, high = consumer.get_watermark_offsets(tp, timeout=5.0, cached=False)
         [committed] = consumer.committed([TopicPartition(topic, partition)], timeout=5.0)
+        if committed.error is not None:  # its offset (-1001) would read as "none"
+            raise KafkaException(committed.error)
     except Exception as exc:
         log.warning("no end offset for %s[%d] (%s): timers wait for EOF", topic, partition, exc)
         return NEVER, -1, -1

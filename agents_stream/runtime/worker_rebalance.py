@@ -333,6 +333,15 @@ class Rebalance:
         tps = [TopicPartition(t, p) for t, p in sorted(self._w._unconfirmed)]
         try:
             committed = self._w.consumer.committed(tps, timeout=self._w.shutdown_timeout)
+            unknown = [tp for tp in committed if tp.error is not None]
+            if unknown:
+                # A partition's own error (a coordinator loading, offsets of a
+                # transaction still pending: UNSTABLE_OFFSET_COMMIT) comes back as
+                # offset -1001, which is also "never committed": taken for that, the
+                # partition would be fetched again from its start.
+                raise KafkaIOError(
+                    "; ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in unknown)
+                )
             known = [tp for tp in committed if tp.offset >= 0]
             if known:
                 self._w.consumer.commit(offsets=known, asynchronous=False)
