@@ -72,9 +72,15 @@ class Snapshot(dict[Partition, int]):
     :meth:`held` is what is still held under the same hold, decided on that thread, so no
     callback can change it before the commit is made."""
 
-    def __init__(self, offsets: dict[Partition, int], leases: dict[Partition, int]) -> None:
+    def __init__(
+        self, offsets: dict[Partition, int], leases: dict[Partition, int], *, fence: bool = False
+    ) -> None:
         super().__init__(offsets)
         self.leases = leases
+        # No offset moved: these are the unchanged positions, committed again only so
+        # that the transaction carries the group's metadata (see Commits.commit); no
+        # completed-through marker is written for them.
+        self.fence = fence
 
     def held(self, lease: Callable[[str, int], int]) -> dict[Partition, int]:
         return {tp: o for tp, o in self.items() if lease(*tp) == self.leases.get(tp, -1)}
@@ -141,8 +147,16 @@ class Commits:
         if self._w.ownership.suspended is not None:
             return  # every hold is in doubt (and a transaction being aborted)
         offsets = self.committable(only)
-        if not offsets and not self._w.committer.pending:
-            return
+        if not offsets:
+            if not self._w.committer.pending:
+                return
+            # Pending: a transaction with records (at-least-once has none) and no
+            # offset moved (a slow record holding its partition back). Without offsets
+            # it would commit with no check of the group's generation: a member that
+            # lost its partitions and has not heard yet (cut off, then back) would
+            # commit outputs and ActionDones of records their next owner runs again.
+            # The positions again, unchanged, make the coordinator fence it (KIP-447).
+            offsets = self.committable(only, unchanged=True)
         try:
             marked, held = await self._w._on_kafka(self.group_commit, offsets, asynchronous)
         except TransactionFailed as exc:
@@ -170,6 +184,8 @@ class Commits:
             )
         progress = self._w.progress
         agents = {tp: o for tp, o in held.items() if tp[0] in self._w._agents}
+        if offsets.fence:
+            agents = {}
         markers = progress.markers(agents) if progress is not None and agents else []
         marked = self._w.committer.commit(held, markers, asynchronous=asynchronous)
         if marked and progress is not None:
@@ -187,9 +203,12 @@ class Commits:
             self._w.ownership.suspend(f"transaction aborted ({exc})")
         self._w._suspected()
 
-    def committable(self, only: set[tuple[str, int]] | None) -> Snapshot:
+    def committable(
+        self, only: set[tuple[str, int]] | None, *, unchanged: bool = False
+    ) -> Snapshot:
         """Loop thread: a snapshot of the offsets to commit, of partitions held, with
-        their holds (none while the holds are suspended: durable/ownership.py)."""
+        their holds (none while the holds are suspended: durable/ownership.py).
+        ``unchanged``: every held partition's position, moved or not (a fence)."""
         if self._w.ownership.suspended is not None:
             return Snapshot({}, {})
         lease = self._w.ownership.lease
@@ -198,12 +217,14 @@ class Commits:
             if only is not None and tp not in only:
                 continue
             o = part.offsets.committable()
+            if unchanged and part.offsets.oldest >= 0:
+                o = part.offsets.oldest
             if o is not None:
                 hold = lease(*tp)
                 if hold:
                     offsets[tp] = o
                     leases[tp] = hold
-        return Snapshot(offsets, leases)
+        return Snapshot(offsets, leases, fence=unchanged)
 
     def commit_done(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Kafka thread (served by the consumer's poll): a failed commit is logged and

@@ -242,3 +242,46 @@ def test_commit_against_revoke_and_loss(tmp_path, exactly_once, steps):
         for partition, offset in group.history:
             assert offset >= seen.get(partition, 0), f"partition {partition} moved back"
             seen[partition] = offset
+
+
+def test_a_transaction_with_no_offset_moved_still_carries_the_group_metadata(tmp_path):
+    """A transaction with records and no offset moved (a slow record holding its
+    partition back) commits every interval. Committed with no offsets, the coordinator
+    would not check the member's generation: a member that lost its partitions and has
+    not heard yet would commit outputs their next owner sends again. So the unchanged
+    positions go with it (and no completed-through marker: nothing new finished)."""
+    import asyncio
+
+    worker, group, store = make_worker(tmp_path, exactly_once=True)
+    transactions = worker.committer._producer  # type: ignore[attr-defined]
+    seen: list[dict[tuple[str, int], int]] = []
+    commit = transactions.commit
+
+    def recording(offsets: Any, metadata: Any, **kw: Any) -> None:
+        seen.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        commit(offsets, metadata, **kw)
+
+    transactions.commit = recording
+
+    async def on_kafka(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    worker._on_kafka = on_kafka  # type: ignore[method-assign]
+    for p in PARTITIONS:
+        worker.ownership.acquire(TOPIC, p)
+        part = worker.partitions[(TOPIC, p)] = worker.held(TOPIC, p, -1, None)
+        for offset in range(3):
+            part.offsets.start(offset)
+        part.offsets.finish(0)
+    asyncio.run(worker.commits.commit(None))
+    assert seen == [{(TOPIC, 0): 1, (TOPIC, 1): 1}]
+    assert len(store.markers) == 2
+    # Offset 1 still runs: nothing moved. With records in the transaction, it commits
+    # with the positions again; without, nothing commits.
+    transactions.sent = 5
+    asyncio.run(worker.commits.commit(None))
+    assert seen[-1] == {(TOPIC, 0): 1, (TOPIC, 1): 1}
+    assert len(store.markers) == 2
+    transactions.sent = 0
+    asyncio.run(worker.commits.commit(None))
+    assert len(seen) == 2
