@@ -47,6 +47,10 @@ _KILL_AT = os.environ.get("AGENTS_STREAM_TEST_KILL_IN_TRANSACTION", "")
 # librdkafka's did when the group coordinator's broker shut down. Never set in production.
 _BLOCK_AT = os.environ.get("AGENTS_STREAM_TEST_BLOCK_IN_TRANSACTION", "")
 
+# An abort that keeps timing out is given up after this many tries in a row, and the
+# producer replaced (see _recover).
+ABORTS_BEFORE_RENEWAL = 3
+
 _Send = tuple[
     str,
     bytes | None,
@@ -89,6 +93,7 @@ class TransactionalProducer(AckingProducer):
         self.deadline = deadline or Deadline()
         self._initialised = False  # init_transactions succeeded on the current producer
         self._aborting = False  # an abort timed out: the next abort() resumes it
+        self._abort_timeouts = 0  # in a row, on the current producer
         self._resume_init = False  # a renewal's init timed out: the next recovery resumes it
         self._gate = threading.Condition()
         self._held: list[_Send] | None = None  # sends queued while a commit runs
@@ -247,13 +252,22 @@ class TransactionalProducer(AckingProducer):
                 # until it is resumed; seen on a three-node cluster, where the worker
                 # retried the abort every 10 s and never processed again. A new producer
                 # settles it instead (see _renew), as for a fenced one.
-                if not failure.fenced and failure.code != KafkaError._CONFLICT:
+                # Timed out again and again: on the three-node test cluster an abort
+                # after a cut and a whole-cluster restart timed out every 10 s for over
+                # two minutes (librdkafka waiting on a coordinator answer that never
+                # came, as in confluentinc/librdkafka#5456), and the worker processed
+                # nothing. A new producer's initialisation settles the transaction at
+                # the coordinator instead.
+                self._abort_timeouts += 1
+                patient = self._abort_timeouts < ABORTS_BEFORE_RENEWAL
+                if not failure.fenced and failure.code != KafkaError._CONFLICT and patient:
                     # Timed out (a coordinator moving): the host calls abort() again,
                     # which resumes this one; no transaction may begin meanwhile.
                     self._aborting = True
                     raise failure from exc
             else:
                 self._aborting = False
+                self._abort_timeouts = 0
                 # Reports of the aborted records (failed or not) are dispatched before the
                 # new transaction: none of them may be taken for one of the next.
                 self.flush(self.timeout)
@@ -277,6 +291,7 @@ class TransactionalProducer(AckingProducer):
                 pass
         self.renewals += 1
         self._initialised = self._aborting = False
+        self._abort_timeouts = 0
         with self._lock:  # the poll thread reads _producer on every round
             self._producer = Producer(self._config)
         self._dispatch()

@@ -12,6 +12,8 @@ loop stopped the worker with a CRITICAL line.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -19,7 +21,12 @@ from confluent_kafka import KafkaError, Producer
 
 from agents_stream.errors import KafkaIOError
 from agents_stream.host.policy import undelivered
-from agents_stream.kafka.transactions import TransactionalProducer
+from agents_stream.kafka.transactions import (
+    ABORTS_BEFORE_RENEWAL,
+    TransactionalProducer,
+    TransactionFailed,
+)
+from agents_stream.testing.kafka import KafkaBroker
 from agents_stream.testing.topics import create_topics, read_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.kafka_only]
@@ -73,3 +80,46 @@ def test_a_fenced_producer_fails_writes_as_undelivered_and_is_replaced_by_abort(
     values = sorted(r.value for r in read_topic(broker.bootstrap, topic))
     # read_committed: the fenced transaction's record is not there.
     assert values == [b"after the renewal", b"before"]
+
+
+def test_an_abort_that_keeps_timing_out_replaces_the_producer(tmp_path, topic_factory):
+    """On the three-node test cluster an abort timed out every 10 s for minutes (the
+    coordinator's answer never came) and the worker processed nothing. After
+    ABORTS_BEFORE_RENEWAL timeouts in a row the producer is replaced: the new one's
+    initialisation settles the transaction at the coordinator. Here the broker is frozen
+    (SIGSTOP) under an open transaction; once it is back the recovery completes, the
+    next transaction commits and read_committed sees only it."""
+    kafka = KafkaBroker(data_dir=tmp_path / "kafka", log_file=tmp_path / "kafka.log")
+    topic = topic_factory("abort-timeouts")
+    with kafka:
+        create_topics(kafka.bootstrap, [topic], partitions=1)
+        producer = TransactionalProducer(
+            {"bootstrap.servers": kafka.bootstrap, "transactional.id": f"{topic}-w1"},
+            timeout=2.0,
+        )
+        try:
+            producer.begin()
+            producer.send(topic, b"aborted", partition=0).result(10)
+            assert kafka.pid is not None
+            os.kill(kafka.pid, signal.SIGSTOP)
+            try:
+                for _ in range(ABORTS_BEFORE_RENEWAL):
+                    with pytest.raises(TransactionFailed):
+                        producer.abort()
+                assert producer.renewals == 1
+            finally:
+                os.kill(kafka.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 60
+            while True:  # the host's recovery, retried with its backoff
+                try:
+                    producer.abort()
+                    break
+                except TransactionFailed:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.5)
+            assert producer.renewals == 1  # its initialisation was resumed, not replaced
+            producer.send(topic, b"committed", partition=0).result(10)
+            producer.commit([], None)
+        finally:
+            producer.close(5)
+        assert [r.value for r in read_topic(kafka.bootstrap, topic)] == [b"committed"]
