@@ -287,3 +287,22 @@ def test_an_output_group_with_an_oversized_record_sends_none_of_it() -> None:
         with pytest.raises(RecordRefusedError):
             producer.send_all(topic, [(b"a", b"1"), (b"b", b"x" * 200), (b"c", b"2")])
     assert recording.callbacks == []
+
+
+def test_a_delivery_without_an_offset_is_acked_at_offset_minus_one() -> None:
+    """A record the broker acked without saying where (a retried batch acked as a
+    duplicate after a leader change: confluent-kafka's offset() is None) is durable:
+    its group resolves and the hook sees it at -1, which moves no checkpoint. Before,
+    the store's hook took the max of None and an offset, failed, and every record of the
+    poll failed with "ack hook failed" (three dead letters on the cluster test)."""
+    acking, fake, _ = producer()
+    offsets: list[int] = []
+    acking.on_acked("t", lambda acks: offsets.append(max(a.offset for a in acks) + 1))
+    group = acking.send_all("t", [(b"a", b"1"), (b"b", b"2")], partition=0)
+    single = acking.send("t", b"3", key=b"c", partition=0)
+    for topic, key, value, delivered in fake.callbacks:
+        if delivered is not None:
+            delivered(None, Msg(topic, None, key, value))  # type: ignore[arg-type]
+    acking._dispatch()
+    assert group.exception() is None and single.exception() is None
+    assert offsets == [0]

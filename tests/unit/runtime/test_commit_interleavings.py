@@ -252,7 +252,7 @@ def test_a_transaction_with_no_offset_moved_still_carries_the_group_metadata(tmp
     positions go with it (and no completed-through marker: nothing new finished)."""
     import asyncio
 
-    worker, group, store = make_worker(tmp_path, exactly_once=True)
+    worker, _group, store = make_worker(tmp_path, exactly_once=True)
     transactions = worker.committer._producer  # type: ignore[attr-defined]
     seen: list[dict[tuple[str, int], int]] = []
     commit = transactions.commit
