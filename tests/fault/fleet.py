@@ -49,14 +49,18 @@ class Feeder(threading.Thread):
         self.failed: Exception | None = None
 
     def run(self) -> None:
-        while not self.stop.is_set():
-            for _ in range(self.partitions):
-                n = self.sent
-                p = n % self.partitions
-                key = f"p{p}-k{(n // self.partitions) % 3}"
-                self.producer.send(self.topic, f'{{"n": {n}}}'.encode(), key, partition=p)
-                self.sent += 1
-            time.sleep(self.interval)
+        try:
+            while not self.stop.is_set():
+                for _ in range(self.partitions):
+                    n = self.sent
+                    p = n % self.partitions
+                    key = f"p{p}-k{(n // self.partitions) % 3}"
+                    self.producer.send(self.topic, f'{{"n": {n}}}'.encode(), key, partition=p)
+                    self.sent += 1
+                time.sleep(self.interval)
+        except Exception as exc:  # kept for finish(): a dead feeder looks like idle workers
+            self.failed = exc
+            return
         try:
             self.producer.close(60)
         except RuntimeError as exc:
