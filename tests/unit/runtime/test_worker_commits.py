@@ -161,7 +161,9 @@ def test_records_finishing_during_a_commit_survive_its_prune(tmp_path):
         for offset in range(3, 6):  # finish while the commit call is in flight
             finish(worker, offset, f"k{offset}")
         consumer.gate.set()
-        while len(consumer.commits) < 2:
+        # The prune follows the commit on the Kafka thread: wait for it too,
+        # or the cancel below races it.
+        while len(consumer.commits) < 2 or len(worker.store.pruned) < 6:
             await asyncio.sleep(0.01)
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
