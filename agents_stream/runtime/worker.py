@@ -4,15 +4,16 @@ Threads: the asyncio loop runs actions; one "kafka" thread makes every consumer 
 (librdkafka consumers are not thread-safe), including rebalance callbacks; the producer's
 delivery reports are served between the loop's callbacks.
 
-A worker is its parts, each a module of its own: the held input partitions
-(``partition.py``: :class:`Partition`, one object per assignment with its offsets,
+A worker is its parts, each a module of its own: the record path's first stage
+(``intake.py``: :class:`Intake`, consume a batch, dispatch each record to its partition
+and the controller, pause when full), the held input partitions (``partition.py``: :class:`Partition`, one object per assignment with its offsets,
 finished records, offset-gap check and timer arming), the one scheduler of its records
 (``controller.py``), the commit protocol (``worker_commits.py``: :class:`Commits`),
 rebuild-on-assign with revoke/lost handling (``worker_rebalance.py``: :class:`Rebalance`),
 timers (``timers.py``: :class:`Firings`), the freeze watchdog (``watchdog.py``) and the
-topics it checks at start-up (``topics.py``). This module wires them and runs the
-consumer loop: consume a batch on the Kafka thread, dispatch each record to its
-partition and the controller, and on shutdown drain, commit and leave the group.
+topics it checks at start-up (``topics.py``). This module wires them, runs the intake,
+the commits and the timers as the loop's tasks, reacts to faults the parts report, and on
+shutdown drains, commits and leaves the group.
 """
 
 from __future__ import annotations
@@ -24,26 +25,23 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer
 
 from ..app import App
 from ..durable.ownership import Ownership
 from ..durable.pool import CodeBlockPool
-from ..durable.runner import RecordInput
 from ..errors import ConfigurationError, KafkaIOError
 from ..events import TimerEvent
 from ..host.kit import DurableHost
 from ..host.progress import CompletedThrough
 from ..host.registry_wait import RegistryWait
-from ..kafka.admin import AUTHORIZATION_ERRORS, StartupCancelled, TopicAdmin, denied
+from ..kafka.admin import StartupCancelled, TopicAdmin
 from ..kafka.config import configure, consumer_config
 from ..kafka.deadline import GRACE, Blocked, Deadline
 from ..kafka.transactions import TransactionalProducer
@@ -54,6 +52,7 @@ from .commit import AtLeastOnceCommit, GroupCommit, TransactionalCommit
 from .connectivity import ConnectivityWatch
 from .controller import ExecutionController
 from .group_protocol import GroupProtocolName, choose_group_protocol
+from .intake import Intake
 from .partition import Partition
 from .timers import Firings, TimerService
 from .topics import check_topic_settings, ensure_topics, worker_topics
@@ -66,11 +65,6 @@ from .worker_rebalance import Rebalance
 __all__ = ["Worker", "freeze_after", "worker_topics"]
 
 log = logging.getLogger("agents_stream.worker")
-
-CONSUME_BATCH = 500  # records per consume call at most
-PAUSE_AFTER = 1.0  # seconds without room before the partitions are paused
-CONSUME_WAIT = 0.01  # seconds a consume waits for a batch to fill (idle: 100 calls/s)
-SERVE_SATURATED = 1.0  # seconds between consumer polls while no record can be taken
 
 
 class Worker:
@@ -129,37 +123,27 @@ class Worker:
         # The held input partitions: added by the rebalance callbacks once a partition's
         # cache is rebuilt, removed on its revoke or loss.
         self.partitions: dict[tuple[str, int], Partition] = {}
-        self._rewinding: list[Partition] = []  # partitions whose seek this batch issued
-        self._state_refs: defaultdict[int, int] = defaultdict(int)  # journal partition use
         # Completed-through markers (host/progress.py) and the group commit (commit.py),
         # built in _setup once the store and the consumer exist.
         self.progress: CompletedThrough | None = None
-        self._paused = False
-        # Partitions a registry refusal holds back (host/registry_wait.py): kept paused
-        # when the in-flight limit resumes the others.
-        self._held_back: set[tuple[str, int]] = set()
         self._reset_earliest = True  # auto.offset.reset is earliest (set in _setup)
-        self._rebalances = 0  # bumped by the rebalance callbacks: offset gaps checked again
         self.stats: defaultdict[str, int] = defaultdict(int)
+        # The record path's first stage: consume, dispatch, pause (intake.py).
+        self.intake = Intake(self)
         # Records the schema registry refused mid-run wait here (host/registry_wait.py).
-        self.registry_wait = RegistryWait(self.stats, self._hold_back)
+        self.registry_wait = RegistryWait(self.stats, self.intake.hold_back)
         self.timers = TimerService()
         # Observability (runtime/metrics.py): called with the worker once its clients
         # exist; partitions whose caches are being rebuilt (not ready meanwhile).
         self.setup_hooks: list[Callable[[Worker], None]] = []
         self.rebuilding = 0
         # Holds of the assigned partitions (durable/ownership.py); its freeze limit is
-        # set from the consumer's session once the config is known. Partitions released
-        # after a freeze that the consumer may still hold: taken again once a commit
-        # confirms the group membership (worker_rebalance.py).
+        # set from the consumer's session once the config is known.
         self.ownership = Ownership()
-        self._unconfirmed: set[tuple[str, int]] = set()
-        self._verify_at = 0.0
         self.transactions: TransactionalProducer | None = None  # exactly-once (_setup)
         # Blocking client calls (transactions, synchronous commits, close) run under a
         # deadline this worker enforces: past it, one WARNING, a count, not ready.
         self.deadline = Deadline(on_blocked=self._blocked)
-        self._last_poll = time.monotonic()
         # The commit protocol and the partition lifecycle: parts of this worker that read
         # its bookkeeping when they run (so what _setup builds later is what they see).
         self.commits = Commits(self)
@@ -203,7 +187,7 @@ class Worker:
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self.intake.paused
 
     # -- setup --------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -268,7 +252,7 @@ class Worker:
                 on_error=app.on_error,
                 stats=self.stats,
                 on_fatal=self._fail,
-                on_undelivered=self._undelivered,
+                on_undelivered=self.rebalance.undelivered,
                 controller=self.controller,
                 registry_wait=self.registry_wait,
             )
@@ -321,7 +305,11 @@ class Worker:
             stats=self.stats,
         )
         start_watchdog(
-            self.ownership, self._cancel, self._loop, self._suspected, self.connectivity.tick
+            self.ownership,
+            self._cancel,
+            self._loop,
+            self.rebalance.suspected,
+            self.connectivity.tick,
         )
 
     def held(
@@ -342,7 +330,7 @@ class Worker:
             watermarks=self._watermarks.get(topic),
             first_expected=first_expected,
             arm_at=arm_at,
-            seek=self._rewind,
+            seek=self.intake.rewind,
             stats=self.stats,
         )
 
@@ -379,7 +367,7 @@ class Worker:
         committer = asyncio.create_task(self.commits.run())
         ticker = asyncio.create_task(self.firings.run())
         try:
-            await self._consume_loop()
+            await self.intake.run()
         finally:
             committer.cancel()
             ticker.cancel()
@@ -389,232 +377,7 @@ class Worker:
         assert self._loop is not None
         return await self._loop.run_in_executor(self._kafka, fn, *args)
 
-    async def _consume_loop(self) -> None:
-        """Consume while the controller has room; pause the partitions only when it has
-        had none for ``PAUSE_AFTER`` seconds.
-
-        Why not pause at once: librdkafka drops a paused partition's prefetched records
-        and fetches them again on resume. Draining a backlog fills the in-flight limit
-        every few hundred milliseconds; pausing each time stalled the worker for the
-        refetch (0.3-0.5 s on the embedded broker, every cycle). Short saturation keeps
-        the prefetch (bounded by librdkafka's ``queued.max.messages.kbytes``); slow
-        actions holding every slot for longer still stop the fetching. Below the low-water
-        mark the loop waits for more room instead of consuming a few records per thread
-        hop."""
-        assert self._stopping is not None
-        controller = self.controller
-        low_water = max(1, min(CONSUME_BATCH, self.max_in_flight // 8))
-        saturated_since: float | None = None
-        while not self._stopping.is_set():
-            slots = controller.free_slots
-            if slots < low_water and controller.in_flight > 0:
-                now = time.monotonic()
-                if saturated_since is None:
-                    saturated_since = now
-                elif not self._paused and now - saturated_since >= PAUSE_AFTER:
-                    await self._on_kafka(self._pause, True)
-                elif self._paused and now - self._last_poll >= SERVE_SATURATED:
-                    # Paused partitions return no records; the poll serves rebalance
-                    # callbacks (a revoke waits for them) and max.poll.interval.ms.
-                    self._handle(await self._on_kafka(self._consume, 1))
-                try:
-                    await asyncio.wait_for(controller.wait_for_slots(low_water), 0.2)
-                except TimeoutError:
-                    pass
-                continue
-            saturated_since = None
-            if self._paused:
-                await self._on_kafka(self._pause, False)
-            if slots == 0:  # records waiting for admission, none in flight: a moment
-                await asyncio.sleep(0.01)
-                continue
-            self._handle(await self._on_kafka(self._consume, min(slots, CONSUME_BATCH)))
-
-    def _handle(self, msgs: list[Message]) -> None:
-        serve_due = self.producer.serve_due
-        for n, msg in enumerate(msgs):
-            if n & 63 == 63:
-                serve_due()  # hundreds of records dispatched: acks meanwhile
-            err = msg.error()
-            if err is None:
-                self._dispatch(msg)
-                continue
-            code = err.code()
-            if code == KafkaError._PARTITION_EOF:
-                part = self.partitions.get((msg.topic(), msg.partition()))
-                if part is not None and part.at_end(msg.offset(), self._rebalances):
-                    self.firings.arm(part)
-            elif code == KafkaError._MAX_POLL_EXCEEDED:
-                # The consumer left the group: every partition may be another member's
-                # already. Fenced now; the rebalance callbacks follow.
-                self.ownership.suspend(f"max.poll.interval.ms exceeded ({err})")
-                self._suspected()
-            elif code in AUTHORIZATION_ERRORS:
-                self._denied(err)
-            else:
-                log.warning("consumer error: %s", err)
-        if self._rewinding:
-            # The seeks of this batch's rewinds run on the Kafka thread before the next
-            # consume: what that returns for those partitions is fetched after them.
-            for part in self._rewinding:
-                part.seeks_issued()
-            self._rewinding.clear()
-
-    def _dispatch(self, msg: Message) -> None:
-        """One record: to its partition's bookkeeping, then to the controller in its
-        key's place in line (its lane runs it, see agent_host.py)."""
-        topic, number, offset = msg.topic(), msg.partition(), msg.offset()
-        part = self.partitions.get((topic, number))
-        if part is None or not part.accept(offset, self._rebalances):
-            return  # fetched before a revoke (the new owner consumes it), or a rewind's
-        if part.arm_at is not None and offset + 1 >= part.arm_at:
-            self.firings.arm(part)
-        progress = self.progress
-        if progress is not None and progress.skips(topic, number, offset):
-            # Finished before (re-consumed after an offset reset or a lost commit):
-            # running it again would charge its side effects twice.
-            part.skip(offset)
-            self.stats["records_skipped_completed"] += 1
-            return
-        raw_key = msg.key()
-        key = raw_key.decode("utf-8", "backslashreplace") if raw_key is not None else ""
-        done = partial(part.finish, offset, key)
-        host = part.host
-        if host is None:
-            operator = self._async_ios[topic]
-            self.controller.submit(
-                ("aio", topic, number, offset), part.tp, lambda: operator.handle(msg), done
-            )
-            return
-        # All agents of an app share memory per key, so they also share key order.
-        # Keyless records share neither: each is its own "key" (InputEvent.key == "").
-        order_key = key if raw_key is not None else ("", topic, number, offset)
-        record = host.prepare(msg, key, number, offset, raw_key is None)
-        if record is None:  # a skipped tombstone: finished as it is
-            done(True)
-        elif type(record) is RecordInput:
-            # Run on the partition's lane: the records started together share one
-            # journal append and ack wait per group of finished actions.
-            self.controller.submit_to(part.lane, order_key, part.tp, record, done)
-        else:  # undecodable: dead-lettered in key order
-            dead_letter = partial(host.dead_letter, msg, "decode", cast(Exception, record))
-            self.controller.submit(order_key, part.tp, dead_letter, done)
-        watermarks = part.watermarks
-        if watermarks is not None:
-            ts_type, ts = msg.timestamp()
-            if ts_type != TIMESTAMP_NOT_AVAILABLE:
-                watermark = watermarks.on_record(number, ts)
-                if watermark is not None:
-                    self.controller.watermark(
-                        watermark, partial(self.firings.watermark_done, topic)
-                    )
-
-    def _rewind(self, part: Partition, offset: int) -> None:
-        """Loop thread: fetch ``part`` again from ``offset`` (see Partition.accept)."""
-        self._rewinding.append(part)
-        assert self._loop is not None
-        self._loop.run_in_executor(self._kafka, self._seek, part.tp, offset)
-
-    def _seek(self, tp: tuple[str, int], offset: int) -> None:
-        """Kafka thread. A failure (the partition was revoked meanwhile) leaves the gap
-        to be taken as real by the next record."""
-        try:
-            self.consumer.seek(TopicPartition(tp[0], tp[1], offset))
-        except Exception as exc:  # KafkaException; nothing to undo
-            log.warning("%s[%d]: seek back to %d failed: %s", tp[0], tp[1], offset, exc)
-
-    def _consume(self, most: int) -> list[Message]:
-        """Up to ``most`` records, waiting at most ``CONSUME_WAIT`` for the first one.
-
-        consume(n, timeout) returns early only with a full batch, so one call with a
-        timeout made a record arriving alone wait that timeout before it ran (10 ms,
-        100 ms before that). What is there is taken at once; with nothing there, the
-        wait ends at the first record, and whatever came with it is taken too."""
-        consumer = self.consumer
-        self._last_poll = time.monotonic()
-        if self._unconfirmed and self._last_poll >= self._verify_at:
-            self.rebalance.confirm()  # partitions released after a freeze: still this member's?
-        msgs: list[Message] = consumer.consume(most, 0)
-        if msgs or most <= 1:
-            return msgs or consumer.consume(1, CONSUME_WAIT)
-        first: list[Message] = consumer.consume(1, CONSUME_WAIT)
-        return first + consumer.consume(most - 1, 0) if first else first
-
-    def _pause(self, pause: bool) -> None:
-        assignment = self.consumer.assignment()
-        if pause:
-            self.consumer.pause(assignment)
-        else:
-            held = self._held_back
-            self.consumer.resume([tp for tp in assignment if (tp.topic, tp.partition) not in held])
-        self._paused = pause
-
-    def _hold_back(self, topic: str, partition: int, pause: bool) -> None:
-        """Loop thread: stop (or restart) fetching one partition while the schema
-        registry refuses its records (host/registry_wait.py)."""
-        if pause:
-            self._held_back.add((topic, partition))
-        else:
-            self._held_back.discard((topic, partition))
-        assert self._loop is not None
-        self._loop.run_in_executor(self._kafka, self._pause_one, topic, partition, pause)
-
-    def _pause_one(self, topic: str, partition: int, pause: bool) -> None:
-        """Kafka thread. Not held any more (revoked meanwhile): nothing to do."""
-        if pause != ((topic, partition) in self._held_back):
-            return  # undone before it ran
-        try:
-            if pause:
-                self.consumer.pause([TopicPartition(topic, partition)])
-            elif not self._paused:
-                self.consumer.resume([TopicPartition(topic, partition)])
-        except Exception as exc:  # KafkaException: not assigned any more
-            log.debug("%s[%d]: pause=%s skipped: %s", topic, partition, pause, exc)
-
     # -- faults -------------------------------------------------------------------------
-    def _suspected(self) -> None:
-        """Loop thread: every hold is suspect (a freeze, or the consumer left the group).
-        Nothing of them runs or is written meanwhile (the checks fail); the Kafka thread
-        releases them and asks the group."""
-        why = self.ownership.suspended
-        if why is None:
-            return
-        self.stats["ownership_suspensions"] += 1
-        log.warning("%s: every partition is treated as lost until the group confirms", why)
-        assert self._loop is not None
-        self._loop.run_in_executor(self._kafka, self.rebalance.after_freeze)
-
-    def _undelivered(self, exc: BaseException) -> None:
-        """Loop thread: a record's journal or output write was not taken by the cluster
-        (timed out in the client after its retries, fenced): the writes after it on that
-        partition may be missing too, so every hold is given up and taken again from the
-        committed offsets once the group confirms, as after a broker silence
-        (connectivity.py). Said once per episode, not per record."""
-        self.stats["records_undelivered"] += 1
-        if getattr(exc, "code", None) == KafkaError._FATAL and self.transactions is None:
-            # The journal producer is unusable for good (an idempotence failure): taking
-            # the partitions again would fail the same way. A restart gets a new one.
-            if self.fatal is None:
-                log.critical("journal producer unusable, stopping: %s", exc)
-                self._fail(exc)
-            return
-        if self.ownership.suspended is None:
-            self.ownership.suspend(f"a write to Kafka failed ({exc})")
-            self._suspected()
-
-    def _denied(self, err: KafkaError) -> None:
-        """The group or an input refused by the cluster's authorizer: stop, in one line."""
-        self.exit_code = 1
-        if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-            line = denied(
-                f"the consumer group {self.app.id} ({err.str()})",
-                f"Read and Describe on group {self.app.id}",
-            )
-        else:
-            topics = ", ".join(self.app.input_topics)
-            line = denied(f"reading its inputs ({err.str()})", f"Read and Describe on {topics}")
-        raise KafkaIOError(line, code=err.code())
-
     def _blocked(self, operation: str, seconds: float) -> None:
         """Any thread: a client call passed its deadline (kafka/deadline.py)."""
         self.stats["kafka_calls_blocked"] += 1

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from .agent_host import AgentHost
     from .commit import GroupCommit
     from .partition import Partition as Held
+    from .worker_rebalance import Rebalance
 
 log = logging.getLogger("agents_stream.worker")
 
@@ -101,9 +102,9 @@ class CommitHost(Protocol):
 
     async def _on_kafka(self, fn: Any, *args: Any) -> Any: ...
 
-    def _fail(self, exc: BaseException) -> None: ...
+    rebalance: Rebalance
 
-    def _suspected(self) -> None: ...
+    def _fail(self, exc: BaseException) -> None: ...
 
 
 class Commits:
@@ -201,7 +202,7 @@ class Commits:
         self._w.stats["transactions_aborted"] += 1
         if self._w.ownership.suspended is None:
             self._w.ownership.suspend(f"transaction aborted ({exc})")
-        self._w._suspected()
+        self._w.rebalance.suspected()
 
     def committable(
         self, only: set[tuple[str, int]] | None, *, unchanged: bool = False

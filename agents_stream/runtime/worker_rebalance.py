@@ -37,7 +37,7 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Protocol
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from ..durable.ownership import Ownership
 from ..errors import KafkaIOError
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from .async_io import AsyncIOHost
     from .commit import GroupCommit
     from .controller import ExecutionController
+    from .intake import Intake
     from .partition import Partition
     from .timers import Firings
     from .watermarks import WatermarkGenerator
@@ -81,18 +82,14 @@ class RebalanceHost(Protocol):
     _agents: dict[str, AgentHost]
     _async_ios: dict[str, AsyncIOHost]
     _watermarks: dict[str, WatermarkGenerator]
-    _rebalances: int
+    intake: Intake
     _reset_earliest: bool
-    _state_refs: defaultdict[int, int]
     progress: CompletedThrough | None
     committer: GroupCommit
-    _paused: bool
     _loop: asyncio.AbstractEventLoop | None
     ownership: Ownership
     consumer: Consumer
     transactions: TransactionalProducer | None
-    _unconfirmed: set[tuple[str, int]]
-    _verify_at: float
     _heartbeat_s: float
     shutdown_timeout: float
     _kafka: Any
@@ -108,7 +105,7 @@ class RebalanceHost(Protocol):
         committed: int = -1,
     ) -> Partition: ...
 
-    def _suspected(self) -> None: ...
+    fatal: BaseException | None
 
     def _fail(self, exc: BaseException) -> None: ...
 
@@ -120,12 +117,18 @@ class Rebalance:
     def __init__(self, w: RebalanceHost) -> None:
         self._w = w
         self._recoveries = 0  # failed recoveries of the transactional producer in a row
+        self.state_refs: defaultdict[int, int] = defaultdict(int)  # journal partition use
+        # Partitions released after a freeze that the consumer may still hold: taken
+        # again once a commit confirms the group membership (:meth:`confirm`), tried
+        # from ``_verify_at`` on.
+        self.unconfirmed: set[tuple[str, int]] = set()
+        self._verify_at = 0.0
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
         partitions already owned keep running meanwhile. Under an eager assignor it is
         the whole assignment, after a revoke of the whole previous one."""
-        self._w._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
+        self._w.intake.generation += 1  # offset gaps are checked again (intake.py)
         if not partitions:
             return  # a cooperative rebalance that added nothing here
         started = time.monotonic()
@@ -143,7 +146,7 @@ class Rebalance:
             fresh = {
                 tp.partition
                 for tp in partitions
-                if tp.topic in self._w._agents and self._w._state_refs[tp.partition] == 0
+                if tp.topic in self._w._agents and self.state_refs[tp.partition] == 0
             }
             try:
                 replayed = self._w.store.assign(*sorted(fresh)) if fresh else 0
@@ -156,9 +159,9 @@ class Rebalance:
                 return
         for tp in partitions:
             if tp.topic in self._w._agents and self._w.store is not None:
-                if self._w._state_refs[tp.partition] == 0:
+                if self.state_refs[tp.partition] == 0:
                     replayed += self._w.store.assign(tp.partition)
-                self._w._state_refs[tp.partition] += 1
+                self.state_refs[tp.partition] += 1
                 self._load_progress(tp.topic, tp.partition)
                 name = self._w._agents[tp.topic].name
                 timers = [t for t in self._w.store.timers(tp.partition) if t.agent == name]
@@ -173,7 +176,7 @@ class Rebalance:
                 part = self._w.held(tp.topic, tp.partition, -1, None)
             self._w.partitions[(tp.topic, tp.partition)] = part
             self._w.ownership.acquire(tp.topic, tp.partition)
-        if self._w._paused:
+        if self._w.intake.paused:
             consumer.pause(partitions)
         self._w.rebuilding = 0
         self._w.stats["journal_records_replayed"] += replayed
@@ -195,9 +198,9 @@ class Rebalance:
     ) -> None:
         """Incremental (cooperative-sticky): only the partitions taken away; the others
         keep running. ``lost``: see :meth:`_on_lost`."""
-        self._w._rebalances += 1  # offset gaps are checked again (see Worker._rewind)
+        self._w.intake.generation += 1  # offset gaps are checked again (intake.py)
         revoked = {(tp.topic, tp.partition) for tp in partitions} & self._w.partitions.keys()
-        self._w._unconfirmed -= {(tp.topic, tp.partition) for tp in partitions}
+        self.unconfirmed -= {(tp.topic, tp.partition) for tp in partitions}
         if not revoked:
             return
         if lost:  # fence first: from here on nothing of them runs or is written
@@ -229,9 +232,9 @@ class Rebalance:
             self._w.ownership.release(topic, partition)  # after the commit's own writes
             self._w.partitions.pop((topic, partition), None)
             if topic in self._w._agents and self._w.store is not None:
-                self._w._state_refs[partition] -= 1
-                if self._w._state_refs[partition] <= 0:
-                    self._w._state_refs.pop(partition, None)
+                self.state_refs[partition] -= 1
+                if self.state_refs[partition] <= 0:
+                    self.state_refs.pop(partition, None)
                     self._w.store.revoke(partition)
         log.info(
             "%s %s (%d in-flight records abandoned)",
@@ -260,7 +263,37 @@ class Rebalance:
         if self._w.ownership.suspended is None:
             self._w.ownership.suspend(f"{why}: the open transaction is aborted")
         assert self._w._loop is not None
-        self._w._loop.call_soon_threadsafe(self._w._suspected)
+        self._w._loop.call_soon_threadsafe(self.suspected)
+
+    def suspected(self) -> None:
+        """Loop thread: every hold is suspect (a freeze, the consumer left the group, a
+        write was not taken). Nothing of them runs or is written meanwhile (the checks
+        fail); the Kafka thread releases them and asks the group."""
+        why = self._w.ownership.suspended
+        if why is None:
+            return
+        self._w.stats["ownership_suspensions"] += 1
+        log.warning("%s: every partition is treated as lost until the group confirms", why)
+        assert self._w._loop is not None
+        self._w._loop.run_in_executor(self._w._kafka, self.after_freeze)
+
+    def undelivered(self, exc: BaseException) -> None:
+        """Loop thread: a record's journal or output write was not taken by the cluster
+        (timed out in the client after its retries, fenced): the writes after it on that
+        partition may be missing too, so every hold is given up and taken again from the
+        committed offsets once the group confirms, as after a broker silence
+        (connectivity.py). Said once per episode, not per record."""
+        self._w.stats["records_undelivered"] += 1
+        if getattr(exc, "code", None) == KafkaError._FATAL and self._w.transactions is None:
+            # The journal producer is unusable for good (an idempotence failure): taking
+            # the partitions again would fail the same way. A restart gets a new one.
+            if self._w.fatal is None:
+                log.critical("journal producer unusable, stopping: %s", exc)
+                self._w._fail(exc)
+            return
+        if self._w.ownership.suspended is None:
+            self._w.ownership.suspend(f"a write to Kafka failed ({exc})")
+            self.suspected()
 
     def after_freeze(self) -> None:
         """Kafka thread, once the holds were suspended (see the module doc): release
@@ -268,7 +301,7 @@ class Rebalance:
         held = [TopicPartition(t, p) for t, p in sorted(self._w.partitions)]
         if held:
             self.on_revoke(self._w.consumer, held, lost=True)
-        self._w._unconfirmed |= {(tp.topic, tp.partition) for tp in held}
+        self.unconfirmed |= {(tp.topic, tp.partition) for tp in held}
         transactions = self._w.transactions
         if transactions is not None:
             # Nothing of the abandoned records may commit (their next run sends them).
@@ -292,7 +325,7 @@ class Rebalance:
             self._recoveries = 0
         # librdkafka heartbeats on its own thread: after one interval (and a margin) it
         # has heard whether the session survived, and delivers the loss on the next poll.
-        self._w._verify_at = time.monotonic() + self._w._heartbeat_s + 0.5
+        self._verify_at = time.monotonic() + self._w._heartbeat_s + 0.5
         self._w.ownership.resume()  # nothing is held now; new assignments are real
 
     def _recoverable(self, exc: BaseException) -> bool:
@@ -314,23 +347,28 @@ class Rebalance:
 
         loop.call_soon_threadsafe(loop.call_later, delay, again)
 
+    def confirm_due(self, now: float) -> None:
+        """Kafka thread, before a consume: confirm released partitions when it is time."""
+        if self.unconfirmed and now >= self._verify_at:
+            self.confirm()
+
     def confirm(self) -> None:
         """Kafka thread: take back the partitions released after a freeze that the group
         still gives this member. The coordinator accepts a commit only from a member of
         the current generation, so one synchronous commit of their committed offsets (a
         no-op for the group) is the confirmation."""
         assignment = {(tp.topic, tp.partition) for tp in self._w.consumer.assignment()}
-        self._w._unconfirmed &= assignment
-        if not self._w._unconfirmed:
+        self.unconfirmed &= assignment
+        if not self.unconfirmed:
             return
         journal = getattr(self._w, "producer", None)
         if journal is not None and journal._producer is not None and len(journal._producer):
             # Writes of the abandoned work still outstanding (a broker that stopped
             # answering: runtime/connectivity.py): the cache rebuilt now could miss one
             # that lands later, and its call would run again. Taken once they are in.
-            self._w._verify_at = time.monotonic() + 0.2
+            self._verify_at = time.monotonic() + 0.2
             return
-        tps = [TopicPartition(t, p) for t, p in sorted(self._w._unconfirmed)]
+        tps = [TopicPartition(t, p) for t, p in sorted(self.unconfirmed)]
         try:
             committed = self._w.consumer.committed(tps, timeout=self._w.shutdown_timeout)
             unknown = [tp for tp in committed if tp.error is not None]
@@ -347,9 +385,9 @@ class Rebalance:
                 self._w.consumer.commit(offsets=known, asynchronous=False)
         except Exception as exc:  # a stale generation, a rebalance under way: not yet
             log.info("group did not confirm %s yet: %s", _fmt(tps), exc)
-            self._w._verify_at = time.monotonic() + 1.0
+            self._verify_at = time.monotonic() + 1.0
             return
-        self._w._unconfirmed.clear()
+        self.unconfirmed.clear()
         for tp in committed:  # fetched again from the committed offset (or the start)
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             try:

@@ -59,7 +59,7 @@ def test_records_the_client_skipped_are_fetched_again(broker, topic_factory, tmp
     create_topics(broker.bootstrap, [inp, out], partitions=1)
     produce(broker.bootstrap, inp, [(f"k{n % 7}", {"n": n}) for n in range(300)])
     worker = Worker(app, broker=broker.bootstrap, data_dir=tmp_path)
-    consume = worker._consume
+    consume = worker.intake.consume
     skipped: list[int] = []
 
     def skipping(most: int) -> list[Any]:
@@ -70,7 +70,7 @@ def test_records_the_client_skipped_are_fetched_again(broker, topic_factory, tmp
             return [m for m in msgs if not 100 <= m.offset() < 120]
         return msgs
 
-    worker._consume = skipping  # type: ignore[method-assign]
+    worker.intake.consume = skipping  # type: ignore[method-assign]
     seen = run_until(worker, broker.bootstrap, out, 300)
     assert skipped, "the backlog never came in a batch past offset 120"
     assert sorted(Counter(seen)) == list(range(300))

@@ -96,6 +96,6 @@ def test_a_failed_seek_lets_the_next_record_through(tmp_path, caplog) -> None:
     worker._kafka.shutdown(wait=True)
     assert "seek back to 10 failed" in caplog.text
     worker.producer = NoReports()  # type: ignore[assignment]
-    worker._handle([])  # the batch ended
+    worker.intake.handle([])  # the batch ended
     assert part.accept(16, 0)  # fetched on from where it was: taken as real
     assert part._rewind is None

@@ -47,7 +47,7 @@ def rebalance_worker(tmp_path, store: Store):
     worker._agents = {"in": FakeAgentHost()}  # type: ignore[dict-item]
     worker._watermarks = {}
     worker._async_ios = {}
-    worker._state_refs[TP[1]] = 1
+    worker.rebalance.state_refs[TP[1]] = 1
     return worker
 
 
@@ -94,7 +94,7 @@ def test_assignment_whose_rebuild_is_cancelled_takes_no_partition(tmp_path):
     store = Store(assign_error=RebuildCancelled("cancelled after 10 records"))
     worker = rebalance_worker(tmp_path, store)
     worker.partitions.clear()
-    worker._state_refs.clear()
+    worker.rebalance.state_refs.clear()
     worker.rebalance.on_assign(worker.consumer, [TopicPartition("in", 1)])  # type: ignore[arg-type]
     assert worker.partitions == {} and worker.rebuilding == 0
-    assert worker._state_refs.get(1, 0) == 0  # no cache held for it
+    assert worker.rebalance.state_refs.get(1, 0) == 0  # no cache held for it
