@@ -70,6 +70,11 @@ from .timers import Timers
 
 log = logging.getLogger(__name__)
 
+# Exactly-once: a failed lookup of a completed action's outputs is tried again after
+# these (doubling) instead of sending the outputs again.
+LOOKUP_RETRY_FIRST = 0.2
+LOOKUP_RETRY_MAX = 5.0
+
 
 @dataclass
 class RecordInput:
@@ -137,6 +142,7 @@ class ActionRunner:
         on_timers: TimersHook | None = None,
         topic: str = "",
         emitted_markers: bool = True,
+        transactional: bool = False,
     ) -> None:
         self.agent = agent
         self.topic = topic
@@ -148,6 +154,9 @@ class ActionRunner:
         self.sends_stored = type(config.codec) is JsonCodec and self.sink.takes_stored
         self.on_timers = on_timers
         self.emitted_markers = emitted_markers
+        # Outputs and offsets commit in transactions (exactly-once): an output sent again
+        # because its lookup failed would be read twice once both transactions commit.
+        self.transactional = transactional
         # Each action in its span when OpenTelemetry is configured (tracing.py).
         self._actions, self.traces = traced_actions(agent.actions())
         # The lane (durable/lane.py) runs the first action of many records
@@ -512,18 +521,41 @@ class ActionRunner:
             return done
         landed = self.sink.landed
         unsent = _unsent(done)
-        try:
-            found = await asyncio.to_thread(landed, done, unsent)
-        except Exception as exc:  # cannot tell: send them (at least once, as before)
-            log.warning(
-                "outputs of key=%r seq=%s action=%s not looked up in the output topic, "
-                "sending them again: %s",
-                done.ref.key,
-                done.ref.seq,
-                done.ref.action,
-                exc,
-            )
-            return done
+        backoff = LOOKUP_RETRY_FIRST
+        ownership, ref = self.config.ownership, done.ref
+        lease = ownership.lease(ref.topic, ref.partition) if ownership is not None else 0
+        while True:
+            try:
+                found = await asyncio.to_thread(landed, done, unsent)
+                break
+            except Exception as exc:
+                if not self.transactional:  # cannot tell: send them (at least once)
+                    log.warning(
+                        "outputs of key=%r seq=%s action=%s not looked up in the output "
+                        "topic, sending them again: %s",
+                        done.ref.key,
+                        done.ref.seq,
+                        done.ref.action,
+                        exc,
+                    )
+                    return done
+                # Exactly-once: they may be in a committed transaction already (the
+                # ActionDone committed in one, the outputs in the next, the offset in
+                # neither), so the lookup is waited out (a leader moving, a broker
+                # restarting) while the partition is held; a lost hold ends the wait.
+                log.warning(
+                    "outputs of key=%r seq=%s action=%s not looked up in the output "
+                    "topic yet, retrying in %.1fs (exactly-once: not sent again unseen): %s",
+                    done.ref.key,
+                    done.ref.seq,
+                    done.ref.action,
+                    backoff,
+                    exc,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(LOOKUP_RETRY_MAX, backoff * 2)
+                if ownership is not None:
+                    ownership.check(ref.topic, ref.partition, lease)
         if not found:
             return done
         marked = _partly_emitted(done, [unsent.index(j) for j in found])

@@ -204,9 +204,11 @@ class DurableHost:
                 on_timers=on_timers,
                 topic=spec.input,
                 # Not where the sink looks outputs up (the marker would only save that
-                # lookup), nor in a transaction (outputs commit with their ActionDone).
+                # lookup), nor in a transaction (an ActionDone's outputs commit in its
+                # transaction or a later one; a replay looks them up read_committed).
                 emitted_markers=self.transactions is None
                 and (emitted_markers or sink is None or not sink.finds_outputs),
+                transactional=self.transactions is not None,
             )
             self.bindings[spec.input] = Binding(
                 spec, runner, self._codec(spec.input_schema, spec.input), out_codec

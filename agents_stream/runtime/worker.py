@@ -81,8 +81,8 @@ class Worker:
         kafka_config_file: librdkafka properties for every client, over
             ``app.kafka_config`` (see :mod:`agents_stream.kafka.config`).
         code_block_threads: over ``app.code_block_threads``.
-        group_protocol: ``consumer`` (KIP-848) or ``classic``; default: consumer where
-            the cluster supports it (see ``group_protocol.py``).
+        group_protocol: ``consumer`` (KIP-848) or ``classic`` (the default; why:
+            ``group_protocol.py``).
     """
 
     def __init__(
