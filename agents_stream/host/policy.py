@@ -74,7 +74,7 @@ def classify(exc: BaseException, on_error: OnError, *, can_dead_letter: bool = T
 # sync, or (exactly-once) this producer's epoch was fenced. What a record refused itself
 # is RecordRefusedError; an authorizer's refusal is a denial (FATAL above). _FATAL: the
 # producer itself is unusable (a transactional one fenced: the host replaces it; an
-# idempotent journal producer: the worker stops, see Worker._undelivered).
+# idempotent journal producer: the worker stops, see Rebalance.undelivered).
 _UNDELIVERED = frozenset(
     {
         KafkaError._FATAL,

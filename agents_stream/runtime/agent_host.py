@@ -158,7 +158,7 @@ class AgentHost:
         ):
             # The cluster did not take a journal or output write (a broker outage, below
             # min ISR): the record is abandoned, not dead-lettered, and every partition is
-            # taken again from its committed offsets (Worker._undelivered).
+            # taken again from its committed offsets (worker_rebalance.py: undelivered).
             self._on_undelivered(outcome)
             outcome = OwnershipLost(msg.topic(), msg.partition(), f"a write failed: {outcome}")
         if isinstance(outcome, OwnershipLost):

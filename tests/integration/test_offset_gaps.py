@@ -90,7 +90,7 @@ def test_records_skipped_at_an_assignment_are_fetched_again(broker, topic_factor
     # A second worker of the group starts at the committed offset (100); its client
     # hands the partition over from 110: nothing before it would reveal the gap.
     second = Worker(app, broker=broker.bootstrap, data_dir=tmp_path / "b")
-    consume = second._consume
+    consume = second.intake.consume
     skipped: list[int] = []
 
     def skipping(most: int) -> list[Any]:
@@ -100,7 +100,7 @@ def test_records_skipped_at_an_assignment_are_fetched_again(broker, topic_factor
             return [m for m in msgs if m.error() is not None or m.offset() >= 110]
         return msgs
 
-    second._consume = skipping  # type: ignore[method-assign]
+    second.intake.consume = skipping  # type: ignore[method-assign]
     seen = run_until(second, broker.bootstrap, out, 200)
     assert skipped and min(skipped) == 100, skipped
     assert sorted(seen) == list(range(200))  # each once: the first run's 100 and these
