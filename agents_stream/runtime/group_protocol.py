@@ -61,6 +61,19 @@ class GroupProtocol:
         (for ``freeze_after``), whichever side sets them."""
         return {"session.timeout.ms": self.session_ms, "heartbeat.interval.ms": self.heartbeat_ms}
 
+    def announce(self, group: str) -> None:
+        """The start-up line (issue 54): a worker is otherwise silent until the group
+        assigns it partitions, which after a crash takes the dead member's session."""
+        log.info(
+            "joining consumer group %s with the %s group protocol (%s): partitions come "
+            "once the group rebalances (a member that died without leaving holds its "
+            "partitions until its session expires, session timeout %d ms)",
+            group,
+            self.name,
+            self.why,
+            self.session_ms,
+        )
+
 
 def choose_group_protocol(
     admin: TopicAdmin, requested: GroupProtocolName | None, conf: dict[str, Any]

@@ -182,7 +182,7 @@ class WorkerCollector(Collector):
         yield _gauge(
             "paused_partitions",
             "owned partitions paused by the in-flight limit",
-            len(owned) if w.paused else 0,
+            len(owned) if w.intake.paused else 0,
         )
         yield _gauge(
             "registry_paused_partitions",
@@ -357,7 +357,7 @@ class WorkerCollector(Collector):
 def _owned(w: Worker) -> frozenset[tuple[str, int]]:
     for _ in range(5):
         try:
-            return w.owned_partitions
+            return frozenset(w.partitions)
         except RuntimeError:  # the kafka thread (re)assigned meanwhile
             continue
     return frozenset()

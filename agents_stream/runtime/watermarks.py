@@ -18,11 +18,30 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..events import TimerEvent
+
+if TYPE_CHECKING:
+    from ..app import App
 
 
 def monotonic_ms() -> int:
     """Processing time for idleness: a monotonic clock in milliseconds."""
     return time.monotonic_ns() // 1_000_000
+
+
+def agent_watermarks(app: App) -> dict[str, WatermarkGenerator]:
+    """Event time per agent input topic, only where something waits for it: an agent
+    with an action for ``TimerEvent`` (its event-time timers fire at watermarks), or every
+    agent in strict epoch mode (records wait for watermarks). Elsewhere a record pays
+    nothing for event time."""
+    return {
+        b.input: WatermarkGenerator(app.out_of_orderness_ms, app.idle_timeout_ms)
+        for b in app.agents
+        if app.epoch_mode == "strict"
+        or any(issubclass(TimerEvent, a.listens) for a in b.agent.actions())
+    }
 
 
 _NEVER = float("-inf")

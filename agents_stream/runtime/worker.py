@@ -4,16 +4,12 @@ Threads: the asyncio loop runs actions; one "kafka" thread makes every consumer 
 (librdkafka consumers are not thread-safe), including rebalance callbacks; the producer's
 delivery reports are served between the loop's callbacks.
 
-A worker is its parts, each a module of its own: the record path's first stage
-(``intake.py``: :class:`Intake`, consume a batch, dispatch each record to its partition
-and the controller, pause when full), the held input partitions (``partition.py``: :class:`Partition`, one object per assignment with its offsets,
-finished records, offset-gap check and timer arming), the one scheduler of its records
-(``controller.py``), the commit protocol (``worker_commits.py``: :class:`Commits`),
-rebuild-on-assign with revoke/lost handling (``worker_rebalance.py``: :class:`Rebalance`),
-timers (``timers.py``: :class:`Firings`), the freeze watchdog (``watchdog.py``) and the
-topics it checks at start-up (``topics.py``). This module wires them, runs the intake,
-the commits and the timers as the loop's tasks, reacts to faults the parts report, and on
-shutdown drains, commits and leaves the group.
+A worker is its parts, each a module of its own (docs/architecture.md draws them): the
+intake (``intake.py``), the held partitions (``partition.py``), the scheduler
+(``controller.py``), the commits (``worker_commits.py``), the partition lifecycle
+(``worker_rebalance.py``), timers (``timers.py``) and the freeze watchdog
+(``watchdog.py``). This module builds them, runs the intake, the commits and the timers
+as the loop's tasks, and on shutdown drains, commits and leaves the group.
 """
 
 from __future__ import annotations
@@ -37,7 +33,6 @@ from ..app import App
 from ..durable.ownership import Ownership
 from ..durable.pool import CodeBlockPool
 from ..errors import ConfigurationError, KafkaIOError
-from ..events import TimerEvent
 from ..host.kit import DurableHost
 from ..host.progress import CompletedThrough
 from ..host.registry_wait import RegistryWait
@@ -58,7 +53,7 @@ from .timers import Firings, TimerService
 from .topics import check_topic_settings, ensure_topics, worker_topics
 from .tuning import freeze_startup, loop_factory, record_processing, run_loop, switch_interval
 from .watchdog import freeze_after, start_watchdog
-from .watermarks import WatermarkGenerator
+from .watermarks import agent_watermarks
 from .worker_commits import Commits
 from .worker_rebalance import Rebalance
 
@@ -120,23 +115,18 @@ class Worker:
         self._stopping: asyncio.Event | None = None
         self._kafka = ThreadPoolExecutor(1, thread_name_prefix="agents-stream-kafka")
         self._pool = CodeBlockPool(code_block_threads or app.code_block_threads)
-        # The held input partitions: added by the rebalance callbacks once a partition's
-        # cache is rebuilt, removed on its revoke or loss.
+        # Added by the rebalance callbacks once a partition's cache is rebuilt.
         self.partitions: dict[tuple[str, int], Partition] = {}
-        # Completed-through markers (host/progress.py) and the group commit (commit.py),
-        # built in _setup once the store and the consumer exist.
-        self.progress: CompletedThrough | None = None
+        self.progress: CompletedThrough | None = None  # host/progress.py (_setup)
         self._reset_earliest = True  # auto.offset.reset is earliest (set in _setup)
         self.stats: defaultdict[str, int] = defaultdict(int)
-        # The record path's first stage: consume, dispatch, pause (intake.py).
         self.intake = Intake(self)
         # Records the schema registry refused mid-run wait here (host/registry_wait.py).
         self.registry_wait = RegistryWait(self.stats, self.intake.hold_back)
         self.timers = TimerService()
-        # Observability (runtime/metrics.py): called with the worker once its clients
-        # exist; partitions whose caches are being rebuilt (not ready meanwhile).
+        # Observability (runtime/metrics.py): called with the worker once its clients exist.
         self.setup_hooks: list[Callable[[Worker], None]] = []
-        self.rebuilding = 0
+        self.rebuilding = 0  # partitions whose caches are being rebuilt (not ready)
         # Holds of the assigned partitions (durable/ownership.py); its freeze limit is
         # set from the consumer's session once the config is known.
         self.ownership = Ownership()
@@ -144,8 +134,7 @@ class Worker:
         # Blocking client calls (transactions, synchronous commits, close) run under a
         # deadline this worker enforces: past it, one WARNING, a count, not ready.
         self.deadline = Deadline(on_blocked=self._blocked)
-        # The commit protocol and the partition lifecycle: parts of this worker that read
-        # its bookkeeping when they run (so what _setup builds later is what they see).
+        # Parts that read this worker's bookkeeping when they run (what _setup builds).
         self.commits = Commits(self)
         self.rebalance = Rebalance(self)
 
@@ -181,14 +170,6 @@ class Worker:
         past its deadline since one last returned."""
         return bool(self.partitions) and not self.rebuilding and self.deadline.blocked is None
 
-    @property
-    def owned_partitions(self) -> frozenset[tuple[str, int]]:
-        return frozenset(self.partitions)
-
-    @property
-    def paused(self) -> bool:
-        return self.intake.paused
-
     # -- setup --------------------------------------------------------------------------
     def _setup(self) -> None:
         app = self.app
@@ -197,10 +178,8 @@ class Worker:
         conf = consumer_config(self.broker, app.id, app.consumer_config)
         reset = str(conf.get("auto.offset.reset", "earliest")).lower()
         self._reset_earliest = reset in ("earliest", "smallest", "beginning")
-        # Holds of the assigned partitions, checked before every code block, journal
-        # record, output and commit (durable/ownership.py); a freeze of this process
-        # long enough for the session to expire suspends them all.
-        # The group protocol decides who sets the session (client or broker).
+        # The group protocol decides who sets the session (client or broker), and the
+        # session how long a freeze may last before every hold is suspended.
         self.group_protocol = choose_group_protocol(self.admin, self._group_protocol, conf)
         self.ownership.freeze_after = freeze_after(self.group_protocol.timing)
         self._heartbeat_s = self.group_protocol.heartbeat_ms / 1000
@@ -233,16 +212,7 @@ class Worker:
         self.dlq = self.kit.dlq
         self.store: KafkaActionStateStore | None = self.kit.kafka_store if app.agents else None
         self.controller = ExecutionController(self.max_in_flight, epoch_mode=app.epoch_mode)
-        # Event time per agent input topic, from record timestamps (FLIP-425 epochs).
-        # Only where something waits for it: an agent with an action for TimerEvent (its
-        # event-time timers fire at watermarks), or every agent in strict epoch mode
-        # (records wait for watermarks). Elsewhere a record pays nothing for event time.
-        self._watermarks = {
-            b.input: WatermarkGenerator(app.out_of_orderness_ms, app.idle_timeout_ms)
-            for b in app.agents
-            if app.epoch_mode == "strict"
-            or any(issubclass(TimerEvent, a.listens) for a in b.agent.actions())
-        }
+        self._watermarks = agent_watermarks(app)  # FLIP-425 epochs, where needed
         self._agents: dict[str, AgentHost] = {
             topic: AgentHost(
                 bound.spec,
@@ -277,62 +247,16 @@ class Worker:
             if self.transactions is None
             else TransactionalCommit(self.consumer, self.transactions, self.store, self.ownership)
         )
-        self.consumer.subscribe(
-            app.input_topics,
-            on_assign=self.rebalance.on_assign,
-            on_revoke=self.rebalance.on_revoke,
-            on_lost=self.rebalance.on_lost,
-        )
-        # Issue 54: the worker is otherwise silent until the group assigns it partitions,
-        # which after a crash takes the dead member's session: say what it waits for.
-        log.info(
-            "joining consumer group %s with the %s group protocol (%s): partitions come "
-            "once the group rebalances (a member that died without leaving holds its "
-            "partitions until its session expires, session timeout %d ms)",
-            conf["group.id"],
-            self.group_protocol.name,
-            self.group_protocol.why,
-            self.group_protocol.session_ms,
-        )
+        self.rebalance.subscribe(self.consumer, app.input_topics)
+        self.group_protocol.announce(conf["group.id"])
         for hook in self.setup_hooks:
             hook(self)
-        # A broker that stops answering (a network partition) is learned of as a freeze
-        # is: connectivity.py.
+        # A broker that stops answering (a network partition) is learned of as a freeze is.
         self.connectivity = ConnectivityWatch(
-            self.ownership,
-            self.producer,
-            lost_after=self.ownership.freeze_after,
-            stats=self.stats,
+            self.ownership, self.producer, lost_after=self.ownership.freeze_after, stats=self.stats
         )
-        start_watchdog(
-            self.ownership,
-            self._cancel,
-            self._loop,
-            self.rebalance.suspected,
-            self.connectivity.tick,
-        )
-
-    def held(
-        self,
-        topic: str,
-        number: int,
-        first_expected: int,
-        arm_at: int | None,
-        committed: int = -1,
-    ) -> Partition:
-        """Kafka thread (on assign): the bookkeeping of a partition just taken, before
-        any of its records is dispatched."""
-        return Partition(
-            topic,
-            number,
-            committed=committed,
-            host=self._agents.get(topic),
-            watermarks=self._watermarks.get(topic),
-            first_expected=first_expected,
-            arm_at=arm_at,
-            seek=self.intake.rewind,
-            stats=self.stats,
-        )
+        watch = self.connectivity.tick
+        start_watchdog(self.ownership, self._cancel, self._loop, self.rebalance.suspected, watch)
 
     # -- main loop ----------------------------------------------------------------------
     async def run_async(self) -> None:

@@ -43,6 +43,7 @@ from ..durable.ownership import Ownership
 from ..errors import KafkaIOError
 from ..kafka.transactions import TransactionalProducer, TransactionFailed
 from ..state.recovery import RebuildCancelled
+from .partition import Partition
 from .timers import input_end
 
 if TYPE_CHECKING:
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
     from .commit import GroupCommit
     from .controller import ExecutionController
     from .intake import Intake
-    from .partition import Partition
     from .timers import Firings
     from .watermarks import WatermarkGenerator
     from .worker_commits import Commits, Snapshot
@@ -95,16 +95,6 @@ class RebalanceHost(Protocol):
     _kafka: Any
 
     commits: Commits
-
-    def held(
-        self,
-        topic: str,
-        number: int,
-        first_expected: int,
-        arm_at: int | None,
-        committed: int = -1,
-    ) -> Partition: ...
-
     fatal: BaseException | None
 
     def _fail(self, exc: BaseException) -> None: ...
@@ -123,6 +113,11 @@ class Rebalance:
         # from ``_verify_at`` on.
         self.unconfirmed: set[tuple[str, int]] = set()
         self._verify_at = 0.0
+
+    def subscribe(self, consumer: Consumer, topics: list[str]) -> None:
+        consumer.subscribe(
+            topics, on_assign=self.on_assign, on_revoke=self.on_revoke, on_lost=self.on_lost
+        )
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Incremental (cooperative-sticky): ``partitions`` are only the ones added; the
@@ -168,12 +163,12 @@ class Rebalance:
                 arm_at, first, committed = input_end(
                     consumer, tp.topic, tp.partition, earliest=self._w._reset_earliest
                 )
-                part = self._w.held(tp.topic, tp.partition, first, arm_at, committed)
+                part = self.held(tp.topic, tp.partition, first, arm_at, committed)
                 assert self._w._loop is not None
                 # Runs on the loop before any record fetched by this consume call.
                 self._w._loop.call_soon_threadsafe(self._w.firings.load, part, timers)
             else:
-                part = self._w.held(tp.topic, tp.partition, -1, None)
+                part = self.held(tp.topic, tp.partition, -1, None)
             self._w.partitions[(tp.topic, tp.partition)] = part
             self._w.ownership.acquire(tp.topic, tp.partition)
         if self._w.intake.paused:
@@ -185,6 +180,23 @@ class Rebalance:
             _fmt(partitions),
             replayed,
             time.monotonic() - started,
+        )
+
+    def held(
+        self, topic: str, number: int, first_expected: int, arm_at: int | None, committed: int = -1
+    ) -> Partition:
+        """The bookkeeping of a partition just taken, before any of its records is
+        dispatched."""
+        return Partition(
+            topic,
+            number,
+            committed=committed,
+            host=self._w._agents.get(topic),
+            watermarks=self._w._watermarks.get(topic),
+            first_expected=first_expected,
+            arm_at=arm_at,
+            seek=self._w.intake.rewind,
+            stats=self._w.stats,
         )
 
     def _load_progress(self, topic: str, partition: int) -> None:

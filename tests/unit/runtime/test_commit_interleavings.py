@@ -173,7 +173,7 @@ def test_commit_against_revoke_and_loss(tmp_path, exactly_once, steps):
 
     def assign(p: int) -> None:
         hold[p] = ownership.acquire(TOPIC, p)
-        part = worker.partitions[(TOPIC, p)] = worker.held(TOPIC, p, -1, None)
+        part = worker.partitions[(TOPIC, p)] = worker.rebalance.held(TOPIC, p, -1, None)
         # A new owner starts from the group's committed offset.
         start = group.committed.get(p, 0)
         finished[p] = start
@@ -269,7 +269,7 @@ def test_a_transaction_with_no_offset_moved_still_carries_the_group_metadata(tmp
     worker._on_kafka = on_kafka  # type: ignore[method-assign]
     for p in PARTITIONS:
         worker.ownership.acquire(TOPIC, p)
-        part = worker.partitions[(TOPIC, p)] = worker.held(TOPIC, p, -1, None)
+        part = worker.partitions[(TOPIC, p)] = worker.rebalance.held(TOPIC, p, -1, None)
         for offset in range(3):
             part.offsets.start(offset)
         part.offsets.finish(0)

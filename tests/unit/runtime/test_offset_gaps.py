@@ -84,7 +84,7 @@ def test_a_failed_seek_lets_the_next_record_through(tmp_path, caplog) -> None:
     worker = Worker(app, broker="127.0.0.1:1", data_dir=tmp_path)
     worker.consumer = FailingConsumer()  # type: ignore[assignment]
     worker._agents, worker._watermarks = {}, {}
-    part = worker.partitions[TP] = worker.held(*TP, 10, None)
+    part = worker.partitions[TP] = worker.rebalance.held(*TP, 10, None)
 
     async def run() -> None:
         worker._loop = asyncio.get_running_loop()
