@@ -35,7 +35,7 @@ from .acks import acked
 T = TypeVar("T")
 
 
-class _Bridged(greenlet):  # type: ignore[misc]
+class Carrier(greenlet):  # type: ignore[misc]
     """A greenlet running a sync action (or an async one's coroutine: ``stepping``);
     ``driver`` is the greenlet that switched to it (the asyncio task's), which it
     switches back to when it waits or is done."""
@@ -44,6 +44,11 @@ class _Bridged(greenlet):  # type: ignore[misc]
         super().__init__(fn, driver)
         self.driver = driver
         self.stepping = False
+
+    def wait(self, awaitable: Awaitable[T] | Future[T]) -> T:
+        """:func:`await_` for a caller that holds its carrier already (``carrier()``):
+        called from inside this greenlet only."""
+        return self.driver.switch(awaitable)  # type: ignore[no-any-return]
 
 
 class Finished:
@@ -96,28 +101,28 @@ MAX_IDLE = 1024
 
 def start(
     fn: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context
-) -> tuple[_Bridged, Any]:
+) -> tuple[Carrier, Any]:
     """Run ``fn(*args)`` in a carrier greenlet of this thread, with ``context`` (a
     greenlet starts with an empty one; a thread would see its caller's). Returns the
     carrier and either a :class:`Finished` or the awaitable the action waits for: resume
     it with ``carrier.switch(result)`` / ``carrier.throw(exc)``, which return the same,
     and give it back with :func:`release` once finished."""
     driver = getcurrent()
-    pool: list[_Bridged] | None = getattr(_idle, "pool", None)
+    pool: list[Carrier] | None = getattr(_idle, "pool", None)
     if pool:
         carrier = pool.pop()
         carrier.driver = driver
     else:
-        carrier = _Bridged(_carry, driver)
+        carrier = Carrier(_carry, driver)
         carrier.switch()  # to its first wait for work
     carrier.gr_context = context
     carrier.stepping = False
     return carrier, carrier.switch(fn, args)
 
 
-def release(carrier: _Bridged) -> None:
+def release(carrier: Carrier) -> None:
     """A carrier whose action finished, for the next action of this thread."""
-    pool: list[_Bridged] | None = getattr(_idle, "pool", None)
+    pool: list[Carrier] | None = getattr(_idle, "pool", None)
     if pool is None:
         pool = _idle.pool = []
     if carrier.dead:
@@ -199,19 +204,19 @@ def stepping() -> bool:
     """Whether the caller runs inside :func:`run_coroutine_bridged` (an async action:
     its sync calls run inline, only their waits suspend)."""
     current = getcurrent()
-    return isinstance(current, _Bridged) and current.stepping
+    return isinstance(current, Carrier) and current.stepping
 
 
-def carrier() -> _Bridged | None:
+def carrier() -> Carrier | None:
     """The carrier greenlet the caller runs in (``stepping`` tells an async action's),
     or None: one lookup where a call asks both :func:`bridged` and :func:`stepping`."""
     current = getcurrent()
-    return current if isinstance(current, _Bridged) else None
+    return current if isinstance(current, Carrier) else None
 
 
 def bridged() -> bool:
     """Whether the caller runs inside :func:`run_bridged` (may call :func:`await_`)."""
-    return isinstance(getcurrent(), _Bridged)
+    return isinstance(getcurrent(), Carrier)
 
 
 def await_(awaitable: Awaitable[T] | Future[T]) -> T:
@@ -224,6 +229,6 @@ def await_(awaitable: Awaitable[T] | Future[T]) -> T:
         RuntimeError: not called from inside :func:`run_bridged`.
     """
     current = getcurrent()
-    if not isinstance(current, _Bridged):
+    if not isinstance(current, Carrier):
         raise RuntimeError("await_() outside a bridged sync action")
     return current.driver.switch(awaitable)  # type: ignore[no-any-return]

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from ..agent import learn_calls_sync
 from ..events import Event, OutputEvent
 from .acks import NO_SERVING, AckServing, acked
-from .bridge import await_, bridged, carrier
+from .bridge import Carrier, await_, bridged, carrier
 from .callable import DurableCallable, RetryPolicy
 from .errors import (
     CodeBlockViolation,
@@ -313,7 +313,11 @@ class RunnerContext:
     def _flight(self) -> Flight:
         if self._blocks is None:
             self._blocks = _Blocks()
-        return Flight(self._admit if self._config.ownership is not None else None)
+        ownership = self._config.ownership
+        if ownership is None:
+            return Flight(None)
+        # As _admit, without a reference to this context (a thread may hold the flight).
+        return Flight(partial(ownership.admit, self.ref.topic, self.ref.partition, self._lease))
 
     @property
     def short_term_memory(self) -> ShortTermMemory:
@@ -562,8 +566,7 @@ class RunnerContext:
         attempts: int,
     ) -> Any:
         target, args, kwargs = self._invocation(index, call, reconciling)
-        bridge = carrier()
-        on_loop = bridge is not None  # waits suspend the action instead of blocking
+        bridge = carrier()  # on the loop, waits suspend the action instead of blocking
         if bridge is None and asyncio._get_running_loop() is not None:
             _warn_blocking(self.ref.action, call.fid)
         # A sync action's call runs in the pool (it may block on I/O); an async action's
@@ -572,7 +575,7 @@ class RunnerContext:
         flight = self._flight()
         try:
             return self._attempts(index, call, started, attempts, target, args, kwargs,
-                                  on_loop, pooled, flight)  # fmt: skip
+                                  bridge, pooled, flight)  # fmt: skip
         finally:
             flight.land()  # acknowledged, failed, or abandoned (GreenletExit)
 
@@ -585,11 +588,13 @@ class RunnerContext:
         target: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        on_loop: bool,
+        bridge: Carrier | None,
         pooled: bool,
         flight: Flight,
     ) -> Any:
         """The attempts of a sync call, then its journaled outcome (acked)."""
+        # The carrier is known here: its waits need no lookup of the current greenlet.
+        wait = self._config.acks.wait if bridge is None else bridge.wait
         tries = 0
         while True:
             tries += 1
@@ -597,7 +602,8 @@ class RunnerContext:
             self._blocks.running += 1  # type: ignore[union-attr]  # made by _flight
             try:
                 if pooled:
-                    result = await_(self._in_pool(target, args, kwargs, flight))
+                    assert bridge is not None
+                    result = bridge.wait(self._in_pool(target, args, kwargs, flight))
                 else:
                     result = _run_guarded(target, args, kwargs, flight)
             except OwnershipLost:
@@ -609,17 +615,15 @@ class RunnerContext:
             if error is not None:
                 if call.retry is not None and call.retry.should_retry(error, tries):
                     delay = call.retry.delay(tries)
-                    if on_loop:
-                        await_(asyncio.sleep(delay))
+                    if bridge is not None:
+                        bridge.wait(asyncio.sleep(delay))
                     else:
                         time.sleep(delay)
                     continue
-                self._wait(
-                    self._append(self._failed(index, call, started, error, attempts + tries))
-                )
+                wait(self._append(self._failed(index, call, started, error, attempts + tries)))
                 raise error
             entry, refusal = self._outcome(index, call, started, result, attempts + tries)
-            self._wait(self._append(entry))
+            wait(self._append(entry))
             # An ack that arrives after the hold was lost (a cut link healing, its queued
             # writes delivered) may be of a transaction about to abort: not a durable
             # result, so the action does not go on with it.

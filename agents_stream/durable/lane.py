@@ -50,9 +50,10 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from greenlet import GreenletExit
 
+from ..ackfuture import AckFuture
 from ..errors import PartialSendError, RecordRefusedError
 from .acks import acked
-from .bridge import Finished, _Bridged, release, run_coroutine_bridged, start
+from .bridge import Carrier, Finished, release, run_coroutine_bridged, start
 from .journal import ActionDone, ActionRef
 from .ownership import OwnershipLost
 from .runner import ActionRunner, RecordInput, RecordOutcome, input_event
@@ -113,7 +114,7 @@ class _Run:
         ctx: RunnerContext,
         snapshot: Callable[[], MemorySnapshot | None],
         base: Callable[[], dict[str, bytes]],
-        child: _Bridged | None,
+        child: Carrier | None,
         event: InputEvent,
     ) -> None:
         self.ticket = ticket
@@ -261,12 +262,16 @@ class RecordLane(Generic[T]):
     def _resume(self, run: _Run, fut: asyncio.Future[Any] | Future[Any]) -> None:
         child = run.child
         assert child is not None
-        if fut.cancelled():
+        if type(fut) is AckFuture:  # a code block's result, an ack: never cancelled
+            value, exc = fut.outcome()
+        elif fut.cancelled():
             self._stepped(run, child.throw(asyncio.CancelledError()))
             return
-        exc = fut.exception()
+        else:
+            exc = fut.exception()
+            value = None if exc is not None else fut.result()
         # An error is delivered into the action, which may handle it.
-        self._stepped(run, child.throw(exc) if exc is not None else child.switch(fut.result()))
+        self._stepped(run, child.throw(exc) if exc is not None else child.switch(value))
 
     def _returned(self, run: _Run) -> None:
         runner = self._runner

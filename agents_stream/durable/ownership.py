@@ -145,7 +145,8 @@ class Ownership:
         if self.stalled and asyncio._get_running_loop() is None:
             while self.stalled and self.valid(topic, partition, lease):
                 sleep(STALL_POLL)
-        self.check(topic, partition, lease)
+        if not self.valid(topic, partition, lease):  # check(), inlined: once per call
+            raise OwnershipLost(topic, partition, self.suspended or "no longer held")
 
     async def admit_async(self, topic: str, partition: int, lease: int) -> None:
         """:meth:`admit` for a coroutine code block, which starts on the event loop's
