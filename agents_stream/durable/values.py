@@ -433,7 +433,7 @@ def _tree(value: Any, canon: bool, where: str) -> Any:
     are) are their own tree and skip the general walk."""
     if _plain(value):
         return value
-    if type(value) is tuple and all(_plain(item) for item in value):
+    if type(value) is tuple and _plain_all(value, 0):  # call arguments, nearly always
         return {"$t": list(value)}
     return _encoded_tree(value, canon, where)
 
