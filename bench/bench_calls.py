@@ -226,6 +226,10 @@ def main() -> int:
         "--breakdown", type=int, default=0, metavar="K",
         help="also print each system's K functions with the most calls per record",
     )  # fmt: skip
+    p.add_argument(
+        "--own", action="store_true",
+        help="also print each system's own functions a record crosses, by file",
+    )  # fmt: skip
     args = p.parse_args()
     records = args.records or (4000 if args.quick else 10000)
     if args.child:
@@ -234,6 +238,7 @@ def main() -> int:
     rows: list[list[object]] = []
     per: dict[str, float] = {}
     breakdowns: list[tuple[str, list[list[object]]]] = []
+    crossings: list[tuple[str, list[str]]] = []
     for system in SYSTEMS:
         if args.only and args.only not in system:
             continue
@@ -245,6 +250,8 @@ def main() -> int:
         small, large = small_run["calls"], large_run["calls"]
         per[system] = (large - small) / records
         functions, files = own_functions(small_run["own"], large_run["own"], records)
+        if args.own:
+            crossings.append((system, crossed(small_run["own"], large_run["own"], records)))
         rows.append([system, small, large, f"{per[system]:.0f}", f"{functions} in {files}", ""])
         if args.breakdown:
             rows_of: list[list[object]] = []
@@ -273,6 +280,14 @@ def main() -> int:
         print(f"\n{system}: calls per record: the functions called most, then the functions"
               " whose own lines make the most calls")  # fmt: skip
         print(table(["per record", "as", "function"], top))
+    for system, names in crossings:
+        by_file: dict[str, list[str]] = {}
+        for name in names:
+            path, _, function = name.partition(":")
+            by_file.setdefault(path, []).append(function)
+        print(f"\n{system}: own functions a record crosses ({len(names)} in {len(by_file)} files)")
+        for path, functions in sorted(by_file.items(), key=lambda item: -len(item[1])):
+            print(f"{len(functions):3d}  {path}: {', '.join(sorted(functions))}")
     return 0
 
 
@@ -282,8 +297,12 @@ OWN_PER_RECORD = 0.9
 def own_functions(small: dict[str, int], large: dict[str, int], records: int) -> tuple[int, int]:
     """How many of the system's own functions a record crosses (called at least
     ``OWN_PER_RECORD`` times per record, N vs 2N), and in how many files."""
-    crossed = [f for f, n in large.items() if (n - small.get(f, 0)) / records >= OWN_PER_RECORD]
-    return len(crossed), len({f.rsplit(":", 1)[0] for f in crossed})
+    names = crossed(small, large, records)
+    return len(names), len({f.rsplit(":", 1)[0] for f in names})
+
+
+def crossed(small: dict[str, int], large: dict[str, int], records: int) -> list[str]:
+    return [f for f, n in large.items() if (n - small.get(f, 0)) / records >= OWN_PER_RECORD]
 
 
 def argparse_hidden() -> str:

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -462,6 +464,21 @@ def arrival_rate(arrivals: list[tuple[float, int]], total: int) -> float:
     return (n1 - n0) / (t1 - t0)
 
 
+def sampled(
+    directory: str, variant: Variant, procs: list[subprocess.Popen[bytes]]
+) -> list[subprocess.Popen[bytes]]:
+    """py-spy attached to an agents_stream worker (``--py-spy``): every thread, collapsed
+    stacks, idle samples left out."""
+    if variant.system != "agents" or variant.processes > 1:
+        return []
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", variant.name.lower()).strip("-")
+    spy = Path(sys.executable).with_name("py-spy")
+    cmd = [str(spy), "record", "--pid", str(procs[0].pid), "--rate", "200", "--nonblocking",
+           "--format", "raw", "--output", str(Path(directory) / f"{slug}.txt")]  # fmt: skip
+    return [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+
+
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -484,6 +501,13 @@ def main() -> int:
         default=os.environ.get("AGENTS_STREAM_BENCH_BROKER", "embedded"),
         help="embedded (Tansu, default) or kafka (Apache Kafka 4, from `make kafka`'s jars); "
         "exactly-once rows run on kafka only ($AGENTS_STREAM_BENCH_BROKER)",
+    )
+    p.add_argument(
+        "--py-spy",
+        metavar="DIR",
+        default="",
+        help="sample each agents_stream worker with py-spy (200 Hz, not blocking it) into "
+        "DIR/<variant>.txt, collapsed stacks; a diagnosis, not a figure: sampling takes CPU",
     )
     args = p.parse_args()
     records = args.records or (20_000 if args.quick else 50_000)
@@ -512,6 +536,7 @@ def main() -> int:
             create_topic(broker.bootstrap, topic_out, PARTITIONS)
             ports = free_ports(variant.processes) if settle_first else None
             procs = start(variant, broker.bootstrap, topic_in, topic_out, tmp, ports)
+            spies = sampled(args.py_spy, variant, procs) if args.py_spy else []
             try:
                 error = wait_assigned(ports, procs, 90) if ports else ""
                 if ports and not error:
@@ -534,7 +559,11 @@ def main() -> int:
                 whole[variant.name] = (first_last, drain)
                 error = error or collect_error
             finally:
+                for spy in spies:  # SIGINT: py-spy writes what it sampled, then exits
+                    spy.send_signal(signal.SIGINT)
                 stop(procs)
+                for spy in spies:
+                    spy.wait(30)
             if error:
                 tail = b"".join(
                     (tmp / f"{variant.system}-{n}.log").read_bytes()[-400:]
