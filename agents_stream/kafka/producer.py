@@ -41,6 +41,9 @@ T = TypeVar("T")
 # at most this long for a send when none do.
 LOOP_SERVE_S = 0.001
 LOOP_IDLE_S = 0.05
+# A poll thread's poll waits at most this long for a report, or this while a flush waits.
+POLL_IDLE_S = 0.05
+POLL_HURRIED_S = 0.001
 # A long synchronous stretch of the serving loop serves reports in between once the last
 # round is this old (serve_due): fewer, larger rounds than every LOOP_SERVE_S.
 DUE_AFTER_S = 0.003
@@ -174,6 +177,7 @@ class AckingProducer:
         self._send_lock = threading.Lock()
         self._observers: list[AckHook] = []
         self._rounds = 0  # poll-and-dispatch rounds of the poll thread (or serving loop)
+        self._hurry = False  # a flush waits for the next rounds (see flush)
         # Set by serve_on: the loop whose thread serves the reports instead of _thread.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: threading.Thread | None = None
@@ -278,12 +282,13 @@ class AckingProducer:
         return fut.result()
 
     async def _serve(self) -> None:
-        producer = self._producer
-        assert producer is not None
+        assert self._producer is not None
         kick = self._kick = asyncio.Event()
         try:
             while not self._stop.is_set():
                 served = self._serve_once()
+                # Read each round: a transactional producer may be replaced (_renew).
+                producer = self._producer
                 if len(producer):  # records in flight, or reports to hand out
                     # Reports came in: more are likely behind them (a broker answers a
                     # batch at once), so look again after one loop round, not 1 ms.
@@ -543,7 +548,7 @@ class AckingProducer:
         me = threading.current_thread()
         while not self._stop.is_set() and self._thread is me:
             try:
-                self._producer.poll(0.05)
+                self._producer.poll(POLL_HURRIED_S if self._hurry else POLL_IDLE_S)
             except KafkaException:
                 # A fatal producer (a transactional one fenced or refused) raises from
                 # every poll; its owner is told by the call that failed, and replaces it
@@ -605,16 +610,25 @@ class AckingProducer:
             return remaining
         # The poll thread serves the reports (see _produce): wait for it to drain the
         # queue, then for one more of its rounds, which dispatches the last reports.
+        # Once nothing is in flight, a poll thread waits POLL_IDLE_S in each poll and a
+        # serving loop LOOP_IDLE_S between rounds: hurried from the start (short polls
+        # from the last report on) and woken, they run those rounds now. An exactly-once
+        # commit flushes with every send held: the idle waits were ~100 ms of each commit.
         deadline = time.monotonic() + timeout
-        while len(producer) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        rounds = self._rounds
-        while self._rounds <= rounds + 1 and time.monotonic() < deadline:
-            if not self._serves_reports():
-                time.sleep(0.005)
-            else:  # the poll thread stopped meanwhile
-                self._dispatch()
-                break
+        self._hurry = True
+        try:
+            while len(producer) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            rounds = self._rounds
+            while self._rounds <= rounds + 1 and time.monotonic() < deadline:
+                if not self._serves_reports():
+                    self._wake()
+                    time.sleep(0.001)
+                else:  # the poll thread stopped meanwhile
+                    self._dispatch()
+                    break
+        finally:
+            self._hurry = False
         return len(producer)
 
     def close(self, timeout: float = 30.0) -> None:
