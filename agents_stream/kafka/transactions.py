@@ -292,7 +292,7 @@ class TransactionalProducer(AckingProducer):
         self.renewals += 1
         self._initialised = self._aborting = False
         self._abort_timeouts = 0
-        with self._lock:  # the poll thread reads _producer on every round
+        with self._lock:  # whoever serves the reports reads _producer every round
             self._producer = Producer(self._config)
         self._dispatch()
         self._resume_init = False
