@@ -286,8 +286,8 @@ def main() -> int:
             path, _, function = name.partition(":")
             by_file.setdefault(path, []).append(function)
         print(f"\n{system}: own functions a record crosses ({len(names)} in {len(by_file)} files)")
-        for path, functions in sorted(by_file.items(), key=lambda item: -len(item[1])):
-            print(f"{len(functions):3d}  {path}: {', '.join(sorted(functions))}")
+        for path, listed in sorted(by_file.items(), key=lambda item: -len(item[1])):
+            print(f"{len(listed):3d}  {path}: {', '.join(sorted(listed))}")
     return 0
 
 

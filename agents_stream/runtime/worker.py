@@ -209,8 +209,6 @@ class Worker:
         # the GIL with it (kafka/producer.py).
         assert self._loop is not None and self._loop_thread is not None
         self.producer.serve_on(self._loop, self._loop_thread)
-        if self.transactions is not None:  # its commits flush from the kafka thread
-            self.transactions.serve_on(self._loop, self._loop_thread)
         self.dlq = self.kit.dlq
         self.store: KafkaActionStateStore | None = self.kit.kafka_store if app.agents else None
         self.controller = ExecutionController(self.max_in_flight, epoch_mode=app.epoch_mode)
