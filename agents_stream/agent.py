@@ -40,20 +40,21 @@ class ActionSpec:
     fn: Callable[..., Any]
     listens: tuple[type[Event], ...]
     is_async: bool
-    # An async action whose code names the sync ctx.execute: run in a carrier, so that
-    # call suspends for its ack instead of blocking the loop (durable/bridge.py). Only
-    # those: the carrier costs every await of the action a few microseconds.
+    # An action whose code names the sync ctx.execute: run in a carrier, so that call
+    # suspends for its ack instead of blocking the loop (durable/bridge.py). Only those:
+    # the carrier costs an async action's every await a few microseconds, and a sync
+    # action two greenlet switches and a carrier taken and given back per record.
     calls_sync: bool = False
 
     @property
     def in_carrier(self) -> bool:
-        """Whether this async action runs in a carrier: its code names the sync call, or
-        one of its runs called it from a helper (learned, see :func:`learn_calls_sync`)."""
-        return self.calls_sync or (self.is_async and self.name in _LEARNED_SYNC)
+        """Whether this action runs in a carrier: its code names the sync call, or one of
+        its runs called it from a helper (learned, see :func:`learn_calls_sync`)."""
+        return self.calls_sync or self.name in _LEARNED_SYNC
 
 
-# Async actions seen calling the sync ctx.execute outside a carrier (from a helper
-# function their code does not name): their later runs go to a carrier. By name, as
+# Actions seen calling the sync ctx.execute outside a carrier (from a helper function
+# their code does not name): their later runs go to a carrier. By name, as
 # RunnerContext knows its action: two agents of one name in a process only cost the
 # other a carrier it does not need.
 _LEARNED_SYNC: set[str] = set()
@@ -103,8 +104,7 @@ class Agent:
                         fn=fn,
                         listens=listens,
                         is_async=inspect.iscoroutinefunction(fn),
-                        calls_sync=inspect.iscoroutinefunction(fn)
-                        and _names_sync_call(fn.__code__),
+                        calls_sync=_names_sync_call(fn.__code__),
                     )
                 )
         if not found:

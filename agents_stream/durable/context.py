@@ -168,18 +168,19 @@ _warned_blocking: set[tuple[str, str]] = set()
 
 
 def _warn_blocking(action: str, fid: str) -> None:
-    """``ctx.execute`` in an async action outside a carrier (``durable/bridge.py``) cannot
-    suspend: it waits for its journal ack on the event loop, and every other record of
-    the worker waits too. Async actions run in a carrier when their own code names
-    ``ctx.execute`` (``calls_sync`` in ``agent.py``); one that reached it through a helper
-    function is learned here, so its later records run in one. A task the action created
-    never runs in its carrier: said once per action and function."""
+    """``ctx.execute`` outside a carrier (``durable/bridge.py``) cannot suspend: it waits
+    for its journal ack on the event loop (a sync action's code block runs there too,
+    not in the pool), and every other record of the worker waits too. Actions run in a
+    carrier when their own code names ``ctx.execute`` (``calls_sync`` in ``agent.py``);
+    one that reached it through a helper function is learned here, so its later records
+    run in one. A task an async action created never runs in its carrier: said once per
+    action and function."""
     learn_calls_sync(action)
     if (action, fid) in _warned_blocking:
         return
     _warned_blocking.add((action, fid))
     log.warning(
-        "%s: ctx.execute(%s) ran outside the async action's carrier and blocked the event "
+        "%s: ctx.execute(%s) ran outside the action's carrier and blocked the event "
         "loop, and every other record, until it and its journal ack were done. Called "
         "from a helper function, later records of this action run in a carrier and do "
         "not block; called from a task the action created, it blocks every time: use "

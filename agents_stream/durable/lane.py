@@ -222,6 +222,18 @@ class RecordLane(Generic[T]):
             task = asyncio.ensure_future(run_coroutine_bridged(coro) if spec.in_carrier else coro)
             self._wait(task, partial(self._async_returned, run))
             return
+        if not spec.in_carrier:
+            # Its code names no ctx.execute: nothing to suspend for, so no carrier (two
+            # greenlet switches per record). One that calls it from a helper blocks the
+            # loop this once and runs in a carrier from then on (see learn_calls_sync).
+            run = _Run(ticket, record, ref, ctx, snapshot, base, None, event)
+            try:
+                context.copy().run(spec.fn, event, ctx)  # a copy, as a task would have
+            except Exception as exc:
+                self._report(ticket, exc)
+                return
+            self._returned(run)
+            return
         # Each action in a carrier greenlet with a copy of the starting context, as a
         # task would have (copied once per start call).
         carrier, step = start(spec.fn, (event, ctx), context.copy())

@@ -280,15 +280,17 @@ class ActionRunner:
         key ``""``).
         """
         ctx, snapshot, base = self.context(ref, firing, keyless)
-        if spec.in_carrier:
+        if spec.is_async and spec.in_carrier:
             # In a carrier: the sync ctx.execute inside suspends for its ack.
             await run_coroutine_bridged(spec.fn(event, ctx))
         elif spec.is_async:
             await spec.fn(event, ctx)
-        else:
+        elif spec.in_carrier:
             # On the loop, in a greenlet: journal acks suspend it instead of holding a
             # thread, and its code blocks run in the pool (see durable/bridge.py).
             await run_bridged(spec.fn, event, ctx)
+        else:
+            spec.fn(event, ctx)  # names no ctx.execute: it has nothing to wait for
         done = self.complete(ref, ctx, snapshot, outcome)
         if not self.changes_key_state(done) and self.sink.threadsafe:
             # The common case in one wait: the outputs go out from the thread that sees

@@ -45,6 +45,17 @@ class SyncBench(Agent):
         ctx.send_event(OutputEvent(output={**event.input, "seen": True, "n": n}))
 
 
+class SyncNoCallBench(Agent):
+    """The sync row with no call: an action that calls no code block (a pure step, as
+    the peers' rows are), so it runs without a carrier. SyncBench with 0 calls names
+    ``ctx.execute`` and pays for one (two greenlet switches per record)."""
+
+    @action(InputEvent)
+    @staticmethod
+    def process(event: InputEvent, ctx: RunnerContext) -> None:
+        ctx.send_event(OutputEvent(output={**event.input, "seen": True, "n": 0}))
+
+
 class AsyncBench(Agent):
     @action(InputEvent)
     @staticmethod
@@ -67,7 +78,11 @@ class AsyncInlineBench(Agent):
         ctx.send_event(OutputEvent(output={**event.input, "seen": True, "n": n}))
 
 
-AGENTS = {"sync": SyncBench, "async": AsyncBench, "async_inline": AsyncInlineBench}
+AGENTS = {
+    "sync": SyncBench if CALLS else SyncNoCallBench,
+    "async": AsyncBench,
+    "async_inline": AsyncInlineBench,
+}
 app = App(
     os.environ.get("AS_BENCH_APP", "bench-e2e"),
     producer_config=dict(
