@@ -354,12 +354,12 @@ class ActionRunner:
         memory, timers = ctx._effects()
         memory_updates = tuple(MemoryUpdate(n, v) for n, v in memory.items()) if memory else ()
         changed = bool(memory_updates or timers)
-        outputs = ctx.outputs
+        outputs, sent = ctx.outputs, ctx.sent_events
         return ActionDone(
             ref=ref,
             memory_updates=memory_updates,
-            outputs=tuple(self.config.codec.encode(v) for v in outputs) if outputs else (),
-            events=tuple(SentEvent(e.event_name, e.to_payload()) for e in ctx.sent_events),
+            outputs=tuple(map(self.config.codec.encode, outputs)) if outputs else (),
+            events=tuple([SentEvent(e.event_name, e.to_payload()) for e in sent]) if sent else (),
             calls=ctx._next_index,
             finished_ms=int(time.time() * 1000),
             emitted=not outputs,

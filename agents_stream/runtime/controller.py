@@ -323,7 +323,7 @@ class ExecutionController:
         """A lane's records ended: finished (``ok``) or not (never committed). Each is
         released and its key pumped in order, what depends only on the totals
         (admission, capacity, idleness) once; a second report is ignored."""
-        is_open, busy = self._open, self._busy
+        is_open, busy, buffers = self._open, self._busy, self._buffers
         for item in items:
             if item not in is_open:
                 continue
@@ -331,9 +331,11 @@ class ExecutionController:
             if item.released:  # its key may run the next record already
                 self._release(item, ok, settle=False)
                 continue
-            busy.discard(item.key)
+            key = item.key
+            busy.discard(key)
             self._release(item, ok, settle=False)
-            self._pump(item.key)
+            if key in buffers:  # _pump's own first check: most keys have nothing waiting
+                self._pump(key)
         self._settle()
         if self._drains:
             self._quieted()
@@ -341,13 +343,15 @@ class ExecutionController:
     def released(self, items: list[Admitted]) -> None:
         """These lane records' keys are free: the next record of each may start, while
         these stay in flight until :meth:`finished`."""
-        is_open = self._open
+        is_open, buffers = self._open, self._buffers
         for item in items:
             if item.released or item not in is_open:
                 continue
             item.released = True
-            self._busy.discard(item.key)
-            self._pump(item.key)
+            key = item.key
+            self._busy.discard(key)
+            if key in buffers:  # see finished
+                self._pump(key)
 
     def _quieted(self) -> None:
         """Wake the drains none of whose lane records is open any more."""

@@ -14,14 +14,16 @@ class PartitionOffsets:
     def __init__(self) -> None:
         self._heap: list[int] = []
         self._open: set[int] = set()
-        self._next = -1  # one past the highest offset started
+        # One past the highest offset started (-1 before the first). An attribute, not a
+        # property: read for every record dispatched.
+        self.next = -1
         self.committed = -1
 
     def start(self, offset: int) -> None:
         self._open.add(offset)
         heapq.heappush(self._heap, offset)
-        if offset >= self._next:
-            self._next = offset + 1
+        if offset >= self.next:
+            self.next = offset + 1
 
     def finish(self, offset: int) -> None:
         is_open = self._open
@@ -31,14 +33,9 @@ class PartitionOffsets:
             heapq.heappop(heap)
 
     @property
-    def next(self) -> int:
-        """One past the highest offset started (-1 before the first)."""
-        return self._next
-
-    @property
     def oldest(self) -> int:
         """The lowest offset started and not finished, else one past the highest."""
-        return self._heap[0] if self._heap else self._next
+        return self._heap[0] if self._heap else self.next
 
     @property
     def in_flight(self) -> int:
@@ -46,7 +43,7 @@ class PartitionOffsets:
 
     def committable(self) -> int | None:
         """Offset to commit (next to consume), or None when nothing new is finished."""
-        position = self._heap[0] if self._heap else self._next
+        position = self._heap[0] if self._heap else self.next
         if position < 0 or position <= self.committed:
             return None
         return position
