@@ -1,33 +1,62 @@
 """``agents-stream spark audit|backfill|reconcile -A module:app``: Spark batch jobs.
 
 Each command builds (or reuses) a SparkSession (``--master``, default
-``$AGENTS_STREAM_SPARK_MASTER`` or ``local[*]``), runs the job in
-:mod:`agents_stream.spark.jobs`, logs its steps and prints a JSON summary on stdout.
-The same commands run under ``spark-submit``::
+``$AGENTS_STREAM_SPARK_MASTER`` or ``local[*]``; ``spark://``, ``yarn``, ``k8s://`` as
+for ``spark-submit``), ships the app's own modules to a cluster's executors and checks
+they import it (:mod:`agents_stream.spark.shipping`), runs the job in
+:mod:`agents_stream.spark.jobs`, logs its steps and prints a JSON summary on stdout. The
+same commands run under ``spark-submit``, whose session (master, executors, ``--py-files``,
+``--archives``) the job then uses::
 
-    spark-submit agents_stream/spark/jobs/__main__.py audit -A myapp:app --out audit/
+    spark-submit --master spark://host:7077 "$(agents-stream spark entrypoint)" \
+        audit -A myapp:app --out audit/
 
-PySpark is imported only when a command runs, so the rest of the CLI works without it.
-Exit codes: 0 done, 1 failed (the error is printed on stderr).
+A failed job prints one line on stderr: the first executor error (type, message, and the
+record it was on) and the file holding the full trace; the driver JVM's log goes to that
+file too (:mod:`agents_stream.spark.failures`). PySpark is imported only when a command
+runs, so the rest of the CLI works without it. Exit codes: 0 done, 1 failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import AgentsStreamError
 from .common import add_app_args, app_and_broker, positive_int, setup_logging
 
+log = logging.getLogger("agents_stream.spark.jobs")
+
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("spark", help="Spark batch jobs: audit, backfill, reconcile")
+    parser = subparsers.add_parser(
+        "spark",
+        help="Spark batch jobs: audit, backfill, reconcile",
+        description="Spark batch jobs over an app's topics, on local[*] or a cluster "
+        "(--master spark://..., yarn, k8s://...; or under spark-submit: see entrypoint).",
+    )
     sub = parser.add_subparsers(dest="spark_command", metavar="JOB", required=True)
 
-    audit = sub.add_parser("audit", help="audit the ActionState, input and output topics")
+    entry = sub.add_parser(
+        "entrypoint",
+        help="print the script spark-submit runs: spark-submit [options] SCRIPT JOB -A ...",
+        description="Prints the path of the jobs' entry script, for spark-submit: "
+        'spark-submit --master spark://host:7077 "$(agents-stream spark entrypoint)" '
+        "backfill -A myapp:app --output-path out/",
+    )
+    entry.set_defaults(func=run_entrypoint)
+
+    audit = sub.add_parser(
+        "audit",
+        help="audit the ActionState, input and output topics",
+        description="Audits an app's journal: calls run twice, stuck PENDING calls, "
+        "truncations, inputs never journaled, duplicate outputs (read-only).",
+    )
     _common(audit)
     audit.add_argument("--out", default="agents-stream-audit", help="output directory")
     audit.add_argument(
@@ -42,7 +71,12 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     audit.set_defaults(func=run_audit)
 
-    backfill = sub.add_parser("backfill", help="run an agent over an input topic range")
+    backfill = sub.add_parser(
+        "backfill",
+        help="run an agent over an input topic range",
+        description="Runs an agent over a range of its input topic on Spark executors, "
+        "replaying what its journal holds and skipping inputs its workers finished.",
+    )
     _common(backfill)
     backfill.add_argument("--agent", default=None, help="agent class name (several agents)")
     backfill.add_argument(
@@ -82,6 +116,8 @@ def register(subparsers: Any) -> None:
     rec = sub.add_parser(
         "reconcile",
         help="settle PENDING calls from a ledger (stop the app's workers first)",
+        description="Settles an app's PENDING calls from an external ledger (Parquet or "
+        "CSV) by journaling their results; the app's workers must be stopped.",
     )
     _common(rec)
     rec.add_argument("--ledger", required=True, help="ledger file or directory (Parquet/CSV)")
@@ -107,35 +143,130 @@ def register(subparsers: Any) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add_app_args(parser)
-    parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+    parser.add_argument(
+        "--master", default=None,
+        help="Spark master: local[*] (default, or $AGENTS_STREAM_SPARK_MASTER), "
+        "spark://host:7077, yarn, k8s://...",
+    )  # fmt: skip
+    parser.add_argument(
+        "--py-files", type=_comma_list, default=[], metavar="FILES",
+        help="comma-separated .py/.zip/.egg files for the executors' Python path, besides "
+        "the app's own modules (shipped by themselves)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--archives", type=_comma_list, default=[], metavar="ARCHIVES",
+        help="comma-separated archives unpacked in each executor's directory (spark.archives)"
+        ", e.g. a packed venv: env.tar.gz#env with PYSPARK_PYTHON=./env/bin/python",
+    )  # fmt: skip
+    parser.add_argument(
+        "--conf", action="append", type=_spark_conf, default=[], metavar="KEY=VALUE",
+        help="a Spark setting, as spark-submit's --conf (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-dir", default=None,
+        help="folder of the job's log file (the driver JVM's log and a failure's full "
+        "trace; default <temp dir>/agents-stream)",
+    )  # fmt: skip
 
 
-def _session(args: argparse.Namespace) -> tuple[Any, Any, str]:
+def _comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _spark_conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def _required_topics(args: argparse.Namespace, app: Any) -> dict[str, str]:
+    """The topics the job cannot run without, checked before a JVM starts."""
+    if args.spark_command == "backfill":
+        from ..spark.jobs.backfill import pick_binding
+
+        binding = app.agents[pick_binding(app, args.agent)]
+        return {binding.input: f"the input of agent {binding.name}"}
+    return {app.action_state_topic: f"the journal of app {app.id!r}"}
+
+
+def _session(args: argparse.Namespace, app: Any, log_path: Path) -> Any:
+    from ..spark.failures import log4j_config
     from ..spark.session import check_java, get_spark, register_data_sources
 
-    setup_logging(args.loglevel)
-    app, bootstrap = app_and_broker(args)
     name = f"agents-stream-{args.spark_command}-{app.id}"
+    conf = dict(args.conf)
+    if args.archives:
+        conf["spark.archives"] = ",".join(args.archives)
+    # A driver JVM started here logs into the job's file from its first line.
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    conf["spark.driver.extraJavaOptions"] = (
+        f"{options} -Dlog4j2.configurationFile=file:{log4j_config(log_path)}".strip()
+    )
     if os.environ.get("PYSPARK_GATEWAY_PORT") and not args.master:
         # Under spark-submit: keep the master and resources spark-submit configured.
         from pyspark.sql import SparkSession
 
         check_java()
-        spark = SparkSession.builder.appName(name).getOrCreate()
+        builder = SparkSession.builder.appName(name)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
         register_data_sources(spark)
     else:
-        spark = get_spark(name, master=args.master)
-    return spark, app, bootstrap
+        spark = get_spark(name, master=args.master, conf=conf)
+    return spark
+
+
+def _spark_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is Spark's report of a failed job (Py4J, or a captured error)."""
+    try:
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+    except ImportError:
+        return False
+    return isinstance(exc, Py4JError | PySparkException)
 
 
 def _run(args: argparse.Namespace, job: Any) -> int:
+    from ..spark.failures import first_error_line, job_log_path, route_jvm_log, write_trace
+    from ..spark.jobs.common import require_topics
+    from ..spark.shipping import ship
+
+    log_path = None
     try:
-        spark, app, bootstrap = _session(args)
+        setup_logging(args.loglevel)
+        logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO is the gateway's chatter
+        app, bootstrap = app_and_broker(args)
+        require_topics(bootstrap, _required_topics(args, app))
+        log_path = job_log_path(args.spark_command, app.id, args.log_dir)
+        spark = _session(args, app, log_path)
+        if route_jvm_log(spark, log_path):
+            log.info("spark: the driver JVM's log (and a failure's full trace): %s", log_path)
+        ship(spark.sparkContext, [], args.py_files)  # the job ships the app's own modules
         summary = job(spark, app, bootstrap)
     except AgentsStreamError as exc:
+        write_trace(log_path, exc)
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        if not _spark_failure(exc):
+            raise
+        write_trace(log_path, exc)
+        where = f"; full trace in {log_path}" if log_path else ""
+        print(
+            f"error: spark {args.spark_command} failed: {first_error_line(exc, log_path)}{where}",
+            file=sys.stderr,
+        )
+        return 1
     print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def run_entrypoint(args: argparse.Namespace) -> int:
+    from ..spark.jobs import __main__ as entry
+
+    print(entry.__file__)
     return 0
 
 

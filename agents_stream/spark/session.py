@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +62,7 @@ def get_spark(
     master: str | None = None,
     *,
     jars: Sequence[str | Path] = (),
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """Returns the active SparkSession, creating it if needed, with our sources registered.
 
@@ -77,6 +78,8 @@ def get_spark(
         jars: local jars for the session's classpath (``spark.jars``), e.g. Spark's own
             Kafka connector (:mod:`agents_stream.spark.official_connector`). Ignored when
             a session is already active.
+        conf: further Spark settings (``spark.archives``, ``spark.executor.memory``...),
+            applied last. Ignored when a session is already active.
 
     Raises:
         SparkUnavailableError: PySpark or Java is missing.
@@ -109,6 +112,8 @@ def get_spark(
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
         )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register_data_sources(spark)

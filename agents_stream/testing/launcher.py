@@ -142,7 +142,9 @@ class ServerProcess:
     def running(self) -> bool:
         return self.pid is not None
 
-    def _spawn(self, cmd: list[str], *, cwd: Path | None = None) -> None:
+    def _spawn(
+        self, cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
         if self.log_file is None:
             fd, name = tempfile.mkstemp(prefix=f"agents-stream-{self.what.split()[-1]}-")
             os.close(fd)
@@ -151,6 +153,7 @@ class ServerProcess:
         self._proc = subprocess.Popen(
             cmd,
             cwd=cwd,
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

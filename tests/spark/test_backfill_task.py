@@ -13,6 +13,7 @@ from agents_stream.durable.errors import NonDeterminismError
 from agents_stream.durable.journal import CallEntry, InputProgress
 from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde.journal import default_journal_codec
+from agents_stream.spark.errors import TaskRecordError
 from agents_stream.spark.jobs.backfill_task import BackfillTask, InputRecord, run_partition
 
 RAN: list[int] = []
@@ -45,11 +46,13 @@ def snapshot(*entries) -> list[tuple[bytes, bytes]]:
     return [(entry_key_bytes(e), codec.encode(e)) for e in entries]
 
 
-def test_fatal_errors_fail_the_task():
+def test_fatal_errors_fail_the_task_naming_the_record():
     ref = ActionRef("k0", 0, "Charger.process#0", 0, "bf-in")
     other = CallEntry(ref, 0, "somewhere:else", "digest", CallStatus.SUCCEEDED, result=b"1")
-    with pytest.raises(NonDeterminismError):
+    with pytest.raises(TaskRecordError, match=r"^NonDeterminismError: .*\(topic bf-in, partition 0, offset 0\)$") as info:
         run_partition(task(strict=True), 0, records(1), snapshot(other))
+    assert isinstance(info.value.__cause__, NonDeterminismError)
+    assert (info.value.topic, info.value.partition, info.value.offset) == ("bf-in", 0, 0)
 
 
 def test_inputs_below_the_marker_or_committed_offset_are_skipped():

@@ -62,9 +62,10 @@ from ..frames.action_state import (
     splits_partitions,
 )
 from ..frames.journal_audit import merge_audit
+from ..shipping import make_importable
 from ..source.datasource import read_kafka
 from . import report
-from .common import committed_offsets, log, partition_counts, step
+from .common import committed_offsets, log, partition_counts, require_topics, step
 from .progress import planned_records
 
 if TYPE_CHECKING:
@@ -345,6 +346,8 @@ def run_audit(
     if app.exactly_once:  # aborted transactions' ActionDones never happened
         read_options.setdefault("kafka.isolation.level", "read_committed")
     topic = app.action_state_topic
+    require_topics(bootstrap, {topic: f"the journal of app {app.id!r}"})
+    make_importable(spark.sparkContext, app)  # a cluster's executors import the app
     state_records = planned_records(bootstrap, [topic], **read_options)
     one_pass: tuple[dict[str, pa.Table], dict[str, int]] | None = None
     if not splits_partitions(read_options):

@@ -48,6 +48,7 @@ from ...kafka.admin import TopicAdmin, compacted
 from ...kafka.config import delivery_timeout_ms, producer_config
 from ...serde.journal import default_journal_codec
 from ..frames.action_state import compact
+from ..shipping import make_importable
 from ..source.datasource import read_kafka
 from .backfill_task import (
     RESULT_DDL,
@@ -57,7 +58,7 @@ from .backfill_task import (
     produce_outputs,
     run_partition,
 )
-from .common import committed_offsets, log, partition_counts, step
+from .common import committed_offsets, log, partition_counts, require_topics, step
 from .progress import planned_records
 
 if TYPE_CHECKING:
@@ -136,6 +137,8 @@ def run_backfill(
         raise ValueError(f"concurrency must be at least 1; got {concurrency}")
     index = pick_binding(app, agent)
     binding = app.agents[index]
+    require_topics(bootstrap, {binding.input: f"the input of agent {binding.name}"})
+    make_importable(spark.sparkContext, app)  # a cluster's executors import the app
     if app.exactly_once:
         log.warning(
             "backfill of exactly-once app %s: journaled calls are never executed twice, "
@@ -218,7 +221,7 @@ def run_backfill(
                 strict=True,
             )
         ]  # fmt: skip
-        snapshot = list(zip(pdf_state["key"], pdf_state["value"], strict=True))
+        snapshot = list(zip(pdf_state["key"], pdf_state["value"], pdf_state["offset"], strict=True))
         return pd.DataFrame(run_partition(task, partition, records, snapshot))
 
     # Planned at the isolation level of the reads, so the total is what they read.
@@ -303,14 +306,14 @@ def _snapshot(
     use_journal: bool,
     isolation: dict[str, str] | None = None,
 ) -> DataFrame:
-    empty = spark.createDataFrame([], "partition int, key binary, value binary")
+    empty = spark.createDataFrame([], "partition int, key binary, value binary, offset long")
     if not use_journal:
         return empty
     if topic not in partition_counts(bootstrap, [topic]):
         log.info("backfill: %s does not exist; starting from an empty journal", topic)
         return empty
     raw = read_kafka(spark, bootstrap, topic, includeHeaders="false", **(isolation or {}))
-    return compact(raw).select("partition", "key", "value")
+    return compact(raw).select("partition", "key", "value", "offset")
 
 
 def _produce(outputs: DataFrame, bootstrap: str, topic: str) -> None:

@@ -56,6 +56,7 @@ from ...kafka.config import common_config, configure, delivery_timeout_ms, produ
 from ...serde.journal import default_journal_codec
 from ...serde.values import JsonValueCodec
 from ...state.memory import InMemoryActionStateStore
+from ..errors import TaskRecordError
 
 log = logging.getLogger("agents_stream.spark.backfill")
 
@@ -146,12 +147,25 @@ def run_partition(
     task: BackfillTask,
     partition: int,
     records: Sequence[InputRecord],
-    state: Sequence[tuple[bytes, bytes]],
+    state: Sequence[tuple[bytes, bytes] | tuple[bytes, bytes, int]],
 ) -> list[dict[str, Any]]:
-    """Runs one partition's records (steps in the module docstring); one row per record."""
+    """Runs one partition's records (steps in the module docstring); one row per record.
+
+    ``state`` holds the partition's live journal records as (key, value) or (key, value,
+    offset): with the offset, a record that cannot be decoded is named by it.
+    """
     _on_executor(dict(task.kafka_config))  # SASL/TLS of --kafka-config, App(kafka_config)
     codec = default_journal_codec(task.app.schema_registry_url, task.state_topic)
-    entries: list[JournalEntry] = [codec.decode(k, v) for k, v in state]
+    entries: list[JournalEntry] = []
+    for record in state:
+        try:
+            entries.append(codec.decode(record[0], record[1]))
+        except FATAL_ERRORS as exc:
+            if len(record) < 3:
+                raise
+            raise TaskRecordError(
+                exc, topic=task.state_topic, partition=partition, offset=int(record[2])
+            ) from exc
     store = _TaskStore(entries)
     binding = task.agent_binding
     # The task's binding alone, under the id its call ids and journal derive from.
@@ -367,10 +381,13 @@ async def _run_one(
                 keyless=rec.keyless,
             )
         )
-    except FATAL_ERRORS:
+    except FATAL_ERRORS as exc:
         # An unreadable journal or a strict-mode divergence: no state may be guessed,
-        # so the job fails, as the worker stops, instead of reporting one bad row.
-        raise
+        # so the job fails, as the worker stops, instead of reporting one bad row; the
+        # driver's one-line error names the record.
+        raise TaskRecordError(
+            exc, topic=runner.topic, partition=rec.partition, offset=rec.offset
+        ) from exc
     except Exception as exc:  # the worker's on_error="dlq": report and go on
         log.warning("backfill: %s@%d key=%r failed: %r", rec.partition, rec.offset, rec.key, exc)
         row["error"] = f"{type(exc).__name__}: {exc}"

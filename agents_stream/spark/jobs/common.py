@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from ...errors import KafkaIOError
 from ...kafka.admin import TopicAdmin
 from ...kafka.config import reader_config
+from ..errors import MissingTopicError
 from .progress import StepProgress
 
 if TYPE_CHECKING:
@@ -56,6 +57,21 @@ def step(
 def partition_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:
     """Partition count of each existing topic among ``topics`` (missing ones left out)."""
     return TopicAdmin(bootstrap).partition_counts(topics)
+
+
+def require_topics(bootstrap: str, topics: dict[str, str]) -> None:
+    """Fails in one line when one of ``topics`` (name -> what it is to the job) is missing.
+
+    Raises:
+        MissingTopicError: the first missing topic, named with what it is.
+    """
+    counts = partition_counts(bootstrap, list(topics))
+    for topic, what in topics.items():
+        if topic not in counts:
+            raise MissingTopicError(
+                f"topic {topic!r} does not exist on {bootstrap}: it is {what}; check -A and "
+                "--broker (or run the app's worker once, which creates its topics)"
+            )
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:

@@ -46,7 +46,8 @@ from ...kafka.config import admin_config
 from ...serde.journal import default_journal_codec
 from ..frames.action_state import read_journal
 from ..frames.state_writer import ActionStateWriter
-from .common import log, step
+from ..shipping import make_importable
+from .common import log, require_topics, step
 from .progress import planned_records
 
 if TYPE_CHECKING:
@@ -191,6 +192,8 @@ def run_reconcile(
     out_dir: str | Path | None = None,
 ) -> ReconcileResult:
     """Settles PENDING calls of ``app`` from ``ledger`` (steps in the module docstring)."""
+    require_topics(bootstrap, {app.action_state_topic: f"the journal of app {app.id!r}"})
+    make_importable(spark.sparkContext, app)  # a cluster's executors import the app
     if not (force or dry_run):
         check_stopped(bootstrap, app.id)
     isolation = {"kafka.isolation.level": "read_committed"} if app.exactly_once else {}
