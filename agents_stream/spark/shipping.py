@@ -54,6 +54,7 @@ __all__ = [
     "Source",
     "app_modules",
     "app_sources",
+    "check_python_exec",
     "is_local",
     "make_importable",
     "probe_executors",
@@ -282,6 +283,37 @@ def probe_executors(sc: SparkContext, modules: Sequence[str], shipped: Sequence[
     )
 
 
+def check_python_exec(sc: SparkContext) -> None:
+    """Refuses an executors' interpreter path the driver cannot start.
+
+    Spark plans a read of a Python data source (``agents_stream.kafka``) in a Python
+    process on the driver, started with the executors' interpreter path
+    (``PYSPARK_PYTHON`` / ``spark.pyspark.python``). A path relative to a packed
+    environment (``./env/bin/python`` with ``--archives env.tar.gz#env``) must therefore
+    also resolve from the driver's directory: run the job from the folder holding the
+    venv that was packed, under the archive's alias.
+
+    Raises:
+        ExecutorEnvironmentError: the path is relative and names no file here.
+    """
+    python = str(getattr(sc, "pythonExec", "") or "")
+    if not python or os.path.isabs(python) or os.sep not in python or Path(python).exists():
+        return
+    raise ExecutorEnvironmentError(
+        f"PYSPARK_PYTHON={python} does not exist in {Path.cwd()}: Spark starts the job's "
+        "Kafka reads in a Python process on the driver with the executors' interpreter "
+        "path, so run from the folder that holds the packed venv under the archive's "
+        f"alias (./{_alias(python)}/ for --archives env.tar.gz#{_alias(python)}), or give "
+        "an absolute path every host has"
+    )
+
+
+def _alias(python: str) -> str:
+    """``./env/bin/python`` -> ``env``: the folder an archive alias unpacks to."""
+    parts = [p for p in Path(python).parts if p != "."]
+    return parts[0] if parts else python
+
+
 def make_importable(
     sc: SparkContext, app: App, *, py_files: Sequence[str] = (), probe: bool = True
 ) -> list[str]:
@@ -293,6 +325,7 @@ def make_importable(
     Returns:
         The paths shipped now.
     """
+    check_python_exec(sc)
     master = str(sc.master)
     modules = app_modules(app)
     sources = app_sources(modules)

@@ -323,3 +323,59 @@ def test_jobs_on_a_standalone_cluster_match_local_mode(
     log_file = Path(line.rsplit("full trace in ", 1)[1])
     trace = log_file.read_text()
     assert "Traceback (most recent call last)" in trace and "JournalDecodeError" in trace
+
+
+def test_a_packed_environment_serves_executors_without_agents_stream(
+    cluster, broker, topic_factory, tmp_path
+):
+    """docs/reference.md's recipe, as written: a venv with agents_stream installed from its
+    wheel, packed with venv-pack, given as ``--archives env.tar.gz#env`` with
+    ``PYSPARK_PYTHON=./env/bin/python``; the executors run that interpreter (the cluster
+    has none with agents_stream), the driver plans the reads with the same path."""
+    dep = Deployment(broker, topic_factory, tmp_path, cluster)
+    create_topics(dep.bootstrap, [dep.input], partitions=2)
+    produce(dep.bootstrap, dep.input, [(f"k{i % 3}", {"n": i}) for i in range(10)])
+    wheels = tmp_path / "wheels"
+    root = Path(__file__).resolve().parents[2]
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(wheels), str(root)], check=True)
+    env_dir = dep.dir / "env"
+    venv.create(env_dir, with_pip=True)
+    subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q",
+         "--disable-pip-version-check", *map(str, wheels.glob("*.whl")),
+         "pandas<3", "pyarrow>=15", "venv-pack"],
+        check=True, timeout=600,
+    )  # fmt: skip
+    subprocess.run(
+        [str(env_dir / "bin" / "venv-pack"), "-q", "-p", str(env_dir), "-o",
+         str(dep.dir / "env.tar.gz")],
+        check=True, timeout=300,
+    )  # fmt: skip
+
+    packed = ("--archives", "env.tar.gz#env", "--output-path", str(tmp_path / "out"))
+    done = dep.cli("backfill", *packed, "--no-journal", PYSPARK_PYTHON="./env/bin/python")
+    summary = summary_of(done)
+    assert (summary["records"], summary["calls_executed"], summary["errors"]) == (10, 20, 0)
+    unpacked = [
+        log
+        for log in cluster.executor_logs()
+        if "env.tar.gz#env" in log.read_text(errors="replace")
+    ]
+    assert unpacked, "no executor unpacked the environment"
+
+    # From a folder without ./env the driver could not plan the reads: one line, at once.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / f"{dep.module}.py").write_text((dep.dir / f"{dep.module}.py").read_text())
+    for helper in dep.dir.glob("cluster_helper_*.py"):
+        (elsewhere / helper.name).write_text(helper.read_text())
+    wrong = subprocess.run(
+        [sys.executable, "-m", "agents_stream", "spark", "backfill", "-A", f"{dep.module}:app",
+         "--master", cluster.master_url, "--archives", str(dep.dir / "env.tar.gz") + "#env",
+         "--output-path", str(tmp_path / "never"), "--no-journal"],
+        cwd=elsewhere, env=dep.env(PYSPARK_PYTHON="./env/bin/python"), capture_output=True,
+        text=True, timeout=240, check=False,
+    )  # fmt: skip
+    line = one_error_line(wrong)
+    assert "PYSPARK_PYTHON=./env/bin/python does not exist" in line and "./env/" in line
