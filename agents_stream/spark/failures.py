@@ -22,7 +22,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -96,7 +96,7 @@ def route_jvm_log(spark: SparkSession, path: Path) -> bool:
     line warnings. Returns whether it took (a JVM without log4j 2 keeps its own setup)."""
     config = log4j_config(path)
     try:
-        jvm = spark.sparkContext._jvm
+        jvm: Any = spark.sparkContext._jvm
         uri = jvm.java.io.File(str(config)).toURI()
         jvm.org.apache.logging.log4j.core.config.Configurator.reconfigure(uri)
     except Exception:  # keep Spark's own logging rather than fail the job

@@ -26,6 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from ..runtime.embedded import BrokerStartError
 from .launcher import ServerProcess, find_java, free_ports
@@ -143,7 +144,7 @@ class SparkCluster:
         self.start_seconds = time.monotonic() - began
         return self
 
-    def _state(self) -> dict | Exception:
+    def _state(self) -> dict[str, Any] | Exception:
         try:
             with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=2) as resp:
                 return dict(json.load(resp))
