@@ -126,5 +126,15 @@ def register_data_sources(spark: SparkSession) -> None:
     from .frames.journal_source import JournalDataSource
     from .source.datasource import KafkaDataSource
 
-    spark.dataSource.register(KafkaDataSource)
-    spark.dataSource.register(JournalDataSource)
+    register_once(spark, KafkaDataSource)
+    register_once(spark, JournalDataSource)
+
+
+def register_once(spark: SparkSession, source: type) -> None:
+    """Registers a Python data source with ``spark`` unless this session has it already
+    (Spark warns on the terminal at every registration after the first)."""
+    done: set[str] = spark.__dict__.setdefault("_agents_stream_sources", set())
+    name = f"{source.__module__}.{source.__qualname__}"
+    if name not in done:
+        spark.dataSource.register(source)
+        done.add(name)

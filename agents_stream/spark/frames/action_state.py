@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from ...app import App
+from ..session import register_once
 from ..source.datasource import read_kafka
 from ..source.options import KafkaSourceOptions, source_options
 from .journal_rows import JOURNAL_DDL, decode_batches
@@ -195,7 +196,7 @@ def _journal_source(
     opts["journal.view"] = view
     if view_row_limit is not None:
         opts["journal.viewRowLimit"] = str(view_row_limit)
-    spark.dataSource.register(JournalDataSource)
+    register_once(spark, JournalDataSource)
     return spark.read.format(JOURNAL_SOURCE_NAME).options(**opts).load()
 
 
