@@ -38,7 +38,13 @@ from agents_stream.testing.process import WorkerProcess
 from agents_stream.testing.spark_cluster import SparkCluster, spark_cluster_missing
 from agents_stream.testing.topics import create_topics, produce, read_topic, wait_for_records
 
-pytestmark = [pytest.mark.spark, pytest.mark.broker, pytest.mark.kafka_only]
+# Each job is a driver JVM and an executor launch (~30 s): the main test runs eight.
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.broker,
+    pytest.mark.kafka_only,
+    pytest.mark.timeout(900),
+]
 
 APP = '''
 """A two-call app that lives beside the driver only."""
