@@ -82,6 +82,7 @@ class EmbeddedBroker:
     def start(self, timeout: float = 30.0) -> EmbeddedBroker:
         if self.running:
             return self
+        self._check_port()
         listener = f"tcp://{self.bootstrap}"
         cmd = [
             broker_binary(),
@@ -103,6 +104,33 @@ class EmbeddedBroker:
         self._wait_ready(timeout)
         return self
 
+    def _check_port(self) -> None:
+        """Refuses a port another process holds: the readiness probe would be answered by
+        that process (another broker, with its own topics) after ours died."""
+        if not 0 < self.port < 65536:
+            raise BrokerStartError(f"port {self.port} is not a TCP port (1-65535)")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # As the broker binds (SO_REUSEADDR): a restart on the same port is not refused
+            # for its predecessor's TIME_WAIT connections, a listener still is.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.host, self.port))
+            except OSError as exc:
+                raise BrokerStartError(
+                    f"port {self.port} on {self.host} is in use ({exc.strerror}): another "
+                    "broker or process listens there; stop it or pass another --port"
+                ) from None
+
+    def _exited(self, proc: subprocess.Popen[bytes]) -> BrokerStartError:
+        tail = ""
+        if self.log_file is not None and self.log_file.exists():
+            lines = self.log_file.read_text(errors="replace").strip().splitlines()
+            tail = f": {' | '.join(lines[-3:])}" if lines else ""
+        return BrokerStartError(
+            f"the embedded broker (tansu) exited with code {proc.returncode} while starting "
+            f"on {self.bootstrap}{tail}"
+        )
+
     def _wait_ready(self, timeout: float) -> None:
         from confluent_kafka.admin import AdminClient
 
@@ -111,13 +139,20 @@ class EmbeddedBroker:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
-                raise BrokerStartError(f"tansu exited with code {self._proc.returncode}")
+                proc, self._proc = self._proc, None
+                raise self._exited(proc)
             try:
                 admin.list_topics(timeout=1.0)
-                return
             except Exception as exc:
                 last = exc
                 time.sleep(0.1)
+                continue
+            # Answered: by ours only if it still runs (a process that took the port
+            # between the check and the bind would answer for a dead one).
+            if self._proc is not None and self._proc.poll() is not None:
+                proc, self._proc = self._proc, None
+                raise self._exited(proc)
+            return
         self.stop()
         raise BrokerStartError(f"broker on {self.bootstrap} not ready after {timeout}s: {last}")
 
