@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agents-stream",
         description="Durable Kafka agents: run workers, an embedded broker, state and Spark tools.",
     )
+    from .. import __version__
+
+    parser.add_argument(
+        "--version", action="version", version=f"agents-stream {__version__}",
+        help="print the version and exit",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

@@ -30,6 +30,11 @@ def register_tombstone(sub: Any) -> None:
     parser = sub.add_parser(
         "tombstone",
         help="delete the journal records of one slot (e.g. a corrupt one that stops the worker)",
+        description="Deletes one journal slot (key, seq, action, from call --index on) "
+        "that stops the worker, e.g. a record no schema can read (the worker's "
+        "JournalDecodeError names it): shows the slot's live records, then, confirmed or "
+        "with --yes, writes a tombstone for each. The action runs again from that slot on, "
+        "so a call whose result is deleted is executed again.",
     )
     add_app_args(parser)
     parser.add_argument("--key", required=True, help="record key (as str)")

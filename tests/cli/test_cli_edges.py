@@ -1,9 +1,11 @@
-"""``agents-stream broker`` at its edges (issue 67, item 1): a taken port or an impossible
-one is one line and a non-zero exit at once, never "broker ready" for a broker that died
-(the user would work against whatever else holds the port)."""
+"""The CLI at its edges (issue 67): ``agents-stream broker`` refuses a taken port or an
+impossible one in one line and a non-zero exit at once, never "broker ready" for a broker
+that died (the user would work against whatever else holds the port); ``--version``; every
+command has a description in ``--help``."""
 
 from __future__ import annotations
 
+import argparse
 import signal
 import socket
 import subprocess
@@ -55,3 +57,21 @@ def test_a_second_broker_on_the_first_ones_port_is_refused_and_the_first_serves_
     finally:
         first.send_signal(signal.SIGTERM)
         assert first.wait(20) == 0
+
+
+def test_version_and_every_command_described():
+    from agents_stream import __version__
+    from agents_stream.cli.main import build_parser
+
+    done = subprocess.run(
+        [sys.executable, "-m", "agents_stream", "--version"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == f"agents-stream {__version__}"
+    parser = build_parser()
+    for argv in (["state", "tombstone"], ["spark", "audit"], ["spark", "backfill"]):
+        action = parser
+        for word in argv:
+            sub = next(a for a in action._actions if isinstance(a, argparse._SubParsersAction))
+            action = sub.choices[word]
+        assert action.description, argv
