@@ -79,9 +79,17 @@ def run_show(args: argparse.Namespace) -> int:
     if result is None:
         return 1
     topic, entries = result
-    print(f"ActionStates of key {args.key!r} in {topic}:")
     if not entries:
-        print("  (none)")
+        # Not found is an error (exit 1), as grep's: a script must not read it as a key
+        # with an empty history.
+        print(
+            f"error: no journal records of key {args.key!r} in {topic}: the app never saw "
+            "that key, or its completed records were pruned after their commit "
+            "(prune_completed) and it keeps no memory",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"ActionStates of key {args.key!r} in {topic}:")
     for line in format_key(entries):
         print(line)
     return 0

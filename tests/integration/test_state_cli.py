@@ -108,8 +108,10 @@ def test_show_and_stats(broker, app_factory, capsys):
 
 def test_show_unknown_key_and_empty_topic(app_factory, capsys):
     spec, _ = app_factory(partitions=3)
-    assert main(["state", "show", "-A", spec, "--key", "nobody"]) == 0
-    assert "(none)" in capsys.readouterr().out
+    assert main(["state", "show", "-A", spec, "--key", "nobody"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: no journal records of key 'nobody' in ")
+    assert len(err.splitlines()) == 1
 
 
 def test_undecodable_value_is_reported_not_fatal(broker, app_factory, capsys):

@@ -90,8 +90,8 @@ def test_tombstone_deletes_the_slot_on_its_partition(broker, corrupt_app, tmp_pa
     assert cache.checkpoint == 8
     assert [k for k in list(cache.db.keys()) if not k.startswith(b"\x00")] == []
     cache.close()
-    assert main(["state", "show", "-A", spec, "--key", "key-1"]) == 0
-    assert "(none)" in capsys.readouterr().out
+    assert main(["state", "show", "-A", spec, "--key", "key-1"]) == 1  # nothing left
+    assert "error: no journal records of key 'key-1'" in capsys.readouterr().err
 
 
 def test_without_yes_asks_and_a_no_deletes_nothing(broker, corrupt_app, monkeypatch, capsys):
