@@ -62,8 +62,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "(the text before the first '=' is the key when it does not start with { [ or "
             '"). Records come from the RECORD arguments, else from --file, else from '
             "stdin, one per line (blank lines and lines starting with # are skipped). "
-            "Waits up to --timeout for the topic to exist (a worker creates its topics "
-            "when it starts) and for every record to be acknowledged."
+            "Waits up to 10 s (or a shorter --timeout) for the topic to exist (a worker "
+            "creates its topics when it starts) and up to --timeout for every record to be "
+            "acknowledged."
         ),
         epilog=EPILOG
         + "\nexamples:\n"
@@ -92,8 +93,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="how long to wait for the topic to exist and for every record to be "
-        "acknowledged (default: 30)",
+        help="how long to wait for every record to be acknowledged (default: 30); the wait "
+        "for the topic to exist is the shorter of this and 10 s",
     )
     _add_client_args(p)
     p.set_defaults(func=run_produce)
@@ -134,7 +135,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help="stop after this long, exiting 1 if --max records were not read by then "
         "(default: run until interrupted); also bounds the wait for the topic to exist "
-        "(default: 30)",
+        "(default: 10)",
     )
     _add_client_args(t)
     t.set_defaults(func=run_tail)
@@ -199,6 +200,12 @@ def _client(kind: type[Any], conf: dict[str, Any]) -> Any:
             f"Kafka client configuration rejected: {scrub(exc.args[0].str())}; fix "
             "--kafka-config, AGENTS_STREAM_KAFKA_* or App(kafka_config)"
         ) from exc
+
+
+# How long produce and tail wait for a missing topic: a worker creates its topics within
+# a few seconds of its start, and a typo must not look like a hang (the CLI's start-up
+# budget, as the worker's).
+TOPIC_WAIT = 10.0
 
 
 def _partitions(bootstrap: str, topic: str, wait: float, need: str) -> list[int]:
@@ -294,7 +301,7 @@ def run_produce(args: argparse.Namespace) -> int:
                 records.append((key, codec.encode(value)))
             except (ValueError, AgentsStreamError) as exc:
                 raise ConfigurationError(f"{where}: {exc}") from None
-        partitions = _partitions(bootstrap, args.topic, args.timeout, "Write")
+        partitions = _partitions(bootstrap, args.topic, min(TOPIC_WAIT, args.timeout), "Write")
         if args.partition is not None and args.partition not in partitions:
             raise ConfigurationError(
                 f"--partition {args.partition}: {args.topic} has partitions 0-{len(partitions) - 1}"
@@ -398,7 +405,7 @@ def run_tail(args: argparse.Namespace) -> int:
     try:
         bootstrap, app = _setup(args)
         codec = _codec(app, args.topic, resolve_registry_url(args.schema_registry))
-        wait = 30.0 if args.timeout is None else min(30.0, args.timeout)
+        wait = TOPIC_WAIT if args.timeout is None else min(TOPIC_WAIT, args.timeout)
         partitions = _partitions(bootstrap, args.topic, wait, "Read")
         if args.partition is not None:
             if args.partition not in partitions:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,18 @@ def test_bad_input_is_one_line_and_nothing_is_sent(broker, topic_factory):
     assert read_topic(broker.bootstrap, topic) == []  # the good one was not sent either
     missing = cli("produce", topic_factory("nope"), "{}", "--timeout", "1", env=env)
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+@pytest.mark.broker
+def test_a_missing_topic_is_said_within_the_start_up_budget(broker, topic_factory):
+    """Issue 67, item 3: produce and tail waited 30 s for a topic that does not exist."""
+    env = {"AGENTS_STREAM_BROKER": broker.url}
+    for command in (["produce", topic_factory("nope"), "{}"], ["tail", topic_factory("nope")]):
+        started = time.monotonic()
+        done = cli(*command, env=env)
+        assert done.returncode == 1, done.stderr
+        assert len(done.stderr.splitlines()) == 1 and "(waited 10s)" in done.stderr
+        assert time.monotonic() - started < 20
 
 
 def test_no_broker_is_one_line():
