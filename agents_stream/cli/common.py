@@ -121,7 +121,14 @@ def add_log_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, *, tool: bool = False) -> None:
+    """Log lines to stderr at ``level``. A ``tool`` (a one-shot command: state, dlq,
+    produce, tail, spark) keeps librdkafka's own lines to ``--loglevel debug``: it says
+    what failed itself, in one line, and librdkafka's "Connect to ... failed" before it
+    would make two."""
+    if tool:
+        quiet = logging.DEBUG if level.lower() == "debug" else logging.CRITICAL + 1
+        logging.getLogger("agents_stream.librdkafka").setLevel(quiet)
     # A worker started by ``worker --processes N`` says which of them it is.
     index = os.environ.get("AGENTS_STREAM_PROCESS_INDEX")
     where = f" process-{index}" if index else ""

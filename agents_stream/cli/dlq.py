@@ -121,7 +121,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    setup_logging(args.loglevel)
+    setup_logging(args.loglevel, tool=True)
     try:
         bootstrap, topics = _resolve(args)
         for topic in topics:
@@ -139,7 +139,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    setup_logging(args.loglevel)
+    setup_logging(args.loglevel, tool=True)
     try:
         bootstrap, topics = _resolve(args)
         if len(topics) != 1:
@@ -240,12 +240,13 @@ def read_dead_letters(bootstrap: str, topic: str, *, timeout: float = 30.0) -> l
     """Every record of ``topic`` up to the end each partition's fetch reports."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    from ..kafka.admin import TopicAdmin
+    from ..kafka.admin import REACH_TIMEOUT, TopicAdmin
     from ..kafka.config import reader_config
 
     # Reaches the cluster first: a refused login or certificate ends in one line naming
     # the setting, at once (the consumer below would wait out the timeout, then raise).
-    TopicAdmin(bootstrap, timeout).partition_counts([topic])
+    # An unreachable cluster is said within the CLI's start-up budget, not --timeout.
+    TopicAdmin(bootstrap, min(timeout, REACH_TIMEOUT)).partition_counts([topic])
     consumer = Consumer(
         reader_config(
             bootstrap, {"group.id": f"agents-stream-dlq-cli-{uuid.uuid4().hex}", "log_level": 0}

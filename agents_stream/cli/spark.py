@@ -235,7 +235,7 @@ def _run(args: argparse.Namespace, job: Any) -> int:
 
     log_path = None
     try:
-        setup_logging(args.loglevel)
+        setup_logging(args.loglevel, tool=True)
         logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO is the gateway's chatter
         app, bootstrap = app_and_broker(args)
         require_topics(bootstrap, _required_topics(args, app))

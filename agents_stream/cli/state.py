@@ -107,7 +107,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def _read(args: argparse.Namespace, wanted: Any) -> tuple[str, list[JournalEntry]] | None:
-    setup_logging(args.loglevel)
+    setup_logging(args.loglevel, tool=True)
     try:
         app, bootstrap = app_and_broker(args)
         topic = app.action_state_topic

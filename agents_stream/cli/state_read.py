@@ -42,12 +42,13 @@ def read_latest(
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    from ..kafka.admin import TopicAdmin
+    from ..kafka.admin import REACH_TIMEOUT, TopicAdmin
     from ..kafka.config import reader_config
 
     # Reaches the cluster first: a refused login or certificate ends in one line naming
     # the setting, at once (the consumer below would wait out the timeout, then raise).
-    TopicAdmin(bootstrap, timeout).partition_counts([topic])
+    # An unreachable cluster is said within the CLI's start-up budget, not --timeout.
+    TopicAdmin(bootstrap, min(timeout, REACH_TIMEOUT)).partition_counts([topic])
     consumer = Consumer(
         reader_config(
             bootstrap, {"group.id": f"agents-stream-state-cli-{uuid.uuid4().hex}", "log_level": 0}

@@ -64,7 +64,7 @@ def matches(raw_key: bytes, args: argparse.Namespace) -> bool:
 
 
 def run_tombstone(args: argparse.Namespace) -> int:
-    setup_logging(args.loglevel)
+    setup_logging(args.loglevel, tool=True)
     try:
         app, bootstrap = app_and_broker(args)
         topic = app.action_state_topic

@@ -158,7 +158,7 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
 
 # -- shared ----------------------------------------------------------------------------
 def _setup(args: argparse.Namespace) -> tuple[str, App | None]:
-    setup_logging(args.loglevel)
+    setup_logging(args.loglevel, tool=True)
     app = load_app(args.app) if args.app else None
     configure(app.kafka_config if app else None, args.kafka_config)
     if app is not None:

@@ -119,6 +119,12 @@ def denial(exc: BaseException) -> str | None:
     return denied(f"an operation ({text})", "the ACL it names")
 
 
+REACH_TIMEOUT = 10.0
+"""How long a command waits for the cluster to answer before saying it cannot reach it
+(the worker's start-up budget: a dead broker is one line within seconds, whatever a
+command's own ``--timeout`` allows for reading)."""
+
+
 class StartupCancelled(Exception):
     """A stop was requested while waiting for the cluster."""
 

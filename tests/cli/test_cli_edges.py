@@ -75,3 +75,31 @@ def test_version_and_every_command_described():
             sub = next(a for a in action._actions if isinstance(a, argparse._SubParsersAction))
             action = sub.choices[word]
         assert action.description, argv
+
+
+def test_state_and_dlq_say_an_unreachable_cluster_in_one_line_within_the_budget(tmp_path):
+    """Issue 67, item 3: they took 30 s, and librdkafka's FAIL line came first."""
+    (tmp_path / "edge_app.py").write_text(
+        "from agents_stream import Agent, App, InputEvent, action\n"
+        "class Edge(Agent):\n"
+        "    @action(InputEvent)\n"
+        "    @staticmethod\n"
+        "    def handle(event, ctx):\n"
+        "        pass\n"
+        "app = App('edge')\n"
+        "app.agent(Edge, input='edge-in', output='edge-out')\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    for command in (["state", "show", "--key", "x"], ["state", "stats"], ["dlq", "show"]):
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "agents_stream", *command[:2], "-A", "edge_app:app",
+             *command[2:], "--broker", f"kafka://127.0.0.1:{port}"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.splitlines() == [done.stderr.strip()], done.stderr
+        assert done.stderr.startswith(f"error: cannot reach the Kafka cluster at 127.0.0.1:{port}")
+        assert time.monotonic() - started < 20
