@@ -23,7 +23,6 @@ from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
-    OFFSET_END,
     Consumer,
     KafkaError,
     KafkaException,
@@ -35,6 +34,7 @@ from ..app import BROKER_ENV, App, normalize_broker
 from ..errors import AgentsStreamError, ConfigurationError
 from ..kafka.admin import AUTHORIZATION_ERRORS, denied, refusal
 from ..kafka.config import CONFIG_FILE_ENV, configure, producer_config, reader_config, scrub
+from ..kafka.ends import read_ends
 from ..serde.registry import resolve_registry_url
 from ..serde.values import JsonValueCodec, RegistryValueReader, value_codec
 from .common import add_log_args, add_registry_arg, apply_registry, load_app, setup_logging
@@ -414,18 +414,15 @@ def run_tail(args: argparse.Namespace) -> int:
                     f"0-{len(partitions) - 1}"
                 )
             partitions = [args.partition]
-        start = OFFSET_BEGINNING if args.start == "beginning" else OFFSET_END
         refused: list[str] = []
         consumer = _client(
             Consumer,
             reader_config(
                 bootstrap,
-                {
-                    "enable.partition.eof": False,
-                    "error_cb": lambda err: refused.extend(filter(None, [refusal(err, bootstrap)])),
-                },
+                {"error_cb": lambda err: refused.extend(filter(None, [refusal(err, bootstrap)]))},
             ),
         )
+        starts = _starts(consumer, args.topic, partitions, args.start, bootstrap)
     except AgentsStreamError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -436,7 +433,7 @@ def run_tail(args: argparse.Namespace) -> int:
         _spans(partitions),
         args.start,
     )
-    consumer.assign([TP(args.topic, p, start) for p in partitions])
+    consumer.assign([TP(args.topic, p, starts[p]) for p in partitions])
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     seen = 0
     try:
@@ -468,6 +465,22 @@ def run_tail(args: argparse.Namespace) -> int:
         print(f"tail: {seen} of {args.max} record(s) before the timeout", file=sys.stderr)
         return 1
     return 0
+
+
+def _starts(
+    consumer: Any, topic: str, partitions: list[int], start: str, bootstrap: str
+) -> dict[int, int]:
+    """Where tail reads each partition from: its beginning, or its end as this consumer
+    reads it (kafka/ends.py), never ListOffsets' end alone: the embedded broker's is
+    short after a batched produce, and old records came out as new."""
+    if start == "beginning":
+        return dict.fromkeys(partitions, OFFSET_BEGINNING)
+    try:
+        ends = read_ends(consumer, [(topic, p) for p in partitions], timeout=TOPIC_WAIT)
+    except KafkaException as exc:
+        final = read_refusal(exc.args[0], topic, bootstrap)
+        raise ConfigurationError(final or f"cannot find the end of {topic}: {exc}") from exc
+    return {p: ends[(topic, p)] for p in partitions}
 
 
 def _spans(partitions: list[int]) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..app import App
 from ..kafka.config import reader_config
+from ..kafka.ends import read_ends
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,9 @@ class PartitionLag:
 
     @property
     def lag(self) -> int:
-        return self.end - (self.committed or 0) if self.committed is not None else self.end
+        # Never negative: a committed offset past the end read (a broker's wrong end, a
+        # partition's end read a moment before its offsets) is no lag.
+        return max(0, self.end - (self.committed if self.committed is not None else 0))
 
 
 @dataclass(frozen=True)
@@ -35,11 +38,17 @@ class Overview:
 
 def read_overview(app: App, bootstrap: str, *, timeout: float = 5.0) -> Overview:
     """Committed offsets of the group ``app.id`` and end offsets of every input, and the
-    size of every ``<input>-dlq``."""
+    size of every ``<input>-dlq``. Ends are high watermarks as fetches report them
+    (kafka/ends.py: the embedded broker's ListOffsets is short after a batched produce)."""
     from confluent_kafka import Consumer, TopicPartition
 
     errors: list[str] = []
-    consumer = Consumer(reader_config(bootstrap, {"group.id": app.id, "log_level": 0}))
+    consumer = Consumer(
+        reader_config(
+            bootstrap,
+            {"group.id": app.id, "log_level": 0, "isolation.level": "read_uncommitted"},
+        )
+    )
     try:
         wanted: list[TopicPartition] = []
         topics = list(app.input_topics)
@@ -53,22 +62,26 @@ def read_overview(app: App, bootstrap: str, *, timeout: float = 5.0) -> Overview
             wanted += [TopicPartition(topic, p) for p in sorted(found.partitions)]
         committed = consumer.committed(wanted, timeout=timeout) if wanted else []
         owners = _owners(bootstrap, app.id, timeout, errors)
+        letters: dict[str, int | None] = {}
+        present = [d for d in dlqs if meta.get(d) is not None and meta[d].error is None]
+        dead = [(d, p) for d in present for p in sorted(meta[d].partitions)]
+        ends = read_ends(
+            consumer, [(tp.topic, tp.partition) for tp in committed] + dead, timeout=timeout
+        )
         lags = []
         for tp in committed:
-            _, high = consumer.get_watermark_offsets(tp, timeout=timeout)
             offset = tp.offset if tp.offset >= 0 else None
             owner = owners.get((tp.topic, tp.partition), "")
-            lags.append(PartitionLag(tp.topic, tp.partition, offset, high, owner))
-        letters: dict[str, int | None] = {}
+            end = ends[(tp.topic, tp.partition)]
+            lags.append(PartitionLag(tp.topic, tp.partition, offset, end, owner))
         for dlq in dlqs:
-            found = meta.get(dlq)
-            if found is None or found.error is not None:
+            if dlq not in present:
                 letters[dlq] = None
                 continue
             total = 0
-            for p in found.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(dlq, p), timeout=timeout)
-                total += high - low
+            for p in meta[dlq].partitions:
+                low, _ = consumer.get_watermark_offsets(TopicPartition(dlq, p), timeout=timeout)
+                total += max(0, ends[(dlq, p)] - low)
             letters[dlq] = total
         return Overview(lags, letters, errors)
     finally:
