@@ -29,6 +29,7 @@ from confluent_kafka import Message
 
 from ..app import AgentBinding
 from ..durable.acks import acked
+from ..durable.errors import DurableCallError
 from ..durable.journal import TimerEntry
 from ..durable.lane import Ended, RecordLane
 from ..durable.ownership import OwnershipLost
@@ -165,6 +166,9 @@ class AgentHost:
             self._abandoned(msg, outcome)
             raise outcome
         if isinstance(outcome, Exception):
+            # A journaled failure replayed (a dead letter replayed before its fix) raised
+            # out of the action: no RecordOutcome counts that call (issue 67, item 8).
+            self._stats["calls_replayed"] += _replayed_failure(outcome)
             where = record_where(msg.topic(), msg.partition(), msg.offset(), key)
             verdict = judge(
                 log,
@@ -334,6 +338,21 @@ class AgentHost:
         self.counts[f"failed:{stage}"] += 1
         await acked(self._dlq.send(msg, stage, exc))
         self.kept.add((msg.partition(), msg.offset()))
+
+
+def _replayed_failure(exc: BaseException | None) -> int:
+    """1 when ``exc``, or an exception it was raised from, is a journaled failure that a
+    code block replayed (durable/failures.py notes it, or it is a DurableCallError)."""
+    for _ in range(8):
+        if exc is None:
+            return 0
+        notes = getattr(exc, "__notes__", ())
+        if isinstance(exc, DurableCallError) or any(
+            str(n).startswith("replayed from journal") for n in notes
+        ):
+            return 1
+        exc = exc.__cause__ or exc.__context__
+    return 0
 
 
 class PartitionLane:
