@@ -16,7 +16,7 @@ from typing import Any
 
 from ..app import App
 from ..errors import AgentsStreamError, ConfigurationError
-from .common import load_app
+from .common import add_app_arg, load_app
 
 # Throwaway consumer groups of the readers that assign partitions and never commit: the
 # cache rebuild and output lookup (``agents-stream-reader-<random>``), the CLI tools
@@ -116,8 +116,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Print every ACL a principal running the workers of -A needs on a cluster with "
             "an authorizer: read on its inputs and group, write (and read) on its "
             "output, dead-letter and ActionState topics, create on the topics the worker "
-            "creates (--no-create when they are created beforehand). Nothing is sent to "
-            "the cluster."
+            "creates (--no-create when they are created beforehand). -A may also name a "
+            "Faust app's durable_agent(...) result. Nothing is sent to the cluster."
         ),
         epilog=(
             "example:\n"
@@ -127,12 +127,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "-A",
-        "--app",
-        required=True,
-        help="the App, as module:attribute (or a Faust app's durable_agent(...) result)",
-    )
+    add_app_arg(p)
     p.add_argument(
         "--principal", default="User:<principal>", help="the workers' principal (User:NAME)"
     )

@@ -62,24 +62,39 @@ def app_and_broker(args: argparse.Namespace) -> tuple[App, str]:
     return app, bootstrap
 
 
-def add_app_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-A", "--app", required=True, help="the App to use, as module:attribute")
-    parser.add_argument(
-        "-b",
-        "--broker",
-        default=None,
-        help="bootstrap servers (kafka://host:port[,host:port]); overrides AGENTS_STREAM_BROKER "
-        "and App(broker=)",
-    )
+# The help of each option every command shares, said once (issue 67: -A and -b read
+# differently from one command to the next).
+APP_HELP = "the App to use, as module:attribute (module alone: its `app`)"
+BROKER_HELP = (
+    "bootstrap servers (kafka://host:port[,host:port]); overrides AGENTS_STREAM_BROKER and "
+    "App(broker=)"
+)
+KAFKA_CONFIG_HELP = (
+    "librdkafka properties file (key=value lines) applied to every Kafka client, over "
+    "App(kafka_config); AGENTS_STREAM_KAFKA_<PROPERTY> variables override it "
+    f"(default: ${CONFIG_FILE_ENV})"
+)
+REGISTRY_HELP = (
+    f"Schema Registry URL (Confluent API); overrides ${REGISTRY_ENV} and "
+    "App(schema_registry_url=); client settings are schema.registry.* keys of "
+    "--kafka-config / AGENTS_STREAM_KAFKA_SCHEMA_REGISTRY_*"
+)
+LOGLEVEL_HELP = "logging level (default: info, or $AGENTS_STREAM_LOGLEVEL)"
+
+
+def add_app_arg(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    parser.add_argument("-A", "--app", required=required, default=None, help=APP_HELP)
+
+
+def add_app_args(parser: argparse.ArgumentParser, *, app_required: bool = True) -> None:
+    """-A, -b, --kafka-config, --schema-registry and -l, as every command takes them."""
+    add_app_arg(parser, required=app_required)
+    parser.add_argument("-b", "--broker", default=None, help=BROKER_HELP)
     parser.add_argument(
         "--kafka-config",
         metavar="PATH",
         default=os.environ.get(CONFIG_FILE_ENV),
-        help=(
-            "librdkafka properties file (key=value lines) applied to every Kafka client, "
-            "over App(kafka_config); AGENTS_STREAM_KAFKA_<PROPERTY> variables override it "
-            f"(default: ${CONFIG_FILE_ENV})"
-        ),
+        help=KAFKA_CONFIG_HELP,
     )
     add_registry_arg(parser)
     add_log_args(parser)
@@ -90,9 +105,7 @@ def add_registry_arg(parser: argparse.ArgumentParser) -> None:
         "--schema-registry",
         metavar="URL",
         default=None,
-        help=f"Schema Registry URL (Confluent API); overrides ${REGISTRY_ENV} and "
-        "App(schema_registry_url=); client settings are schema.registry.* keys of "
-        "--kafka-config / AGENTS_STREAM_KAFKA_SCHEMA_REGISTRY_*",
+        help=REGISTRY_HELP,
     )
 
 
@@ -117,7 +130,7 @@ def add_log_args(parser: argparse.ArgumentParser) -> None:
         "--loglevel",
         default=os.environ.get("AGENTS_STREAM_LOGLEVEL", "info"),
         choices=["debug", "info", "warning", "error", "critical"],
-        help="logging level (default: info)",
+        help=LOGLEVEL_HELP,
     )
 
 

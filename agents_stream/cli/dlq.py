@@ -66,7 +66,14 @@ class DeadLetter:
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("dlq", help="show or replay dead letters of an app")
+    parser = subparsers.add_parser(
+        "dlq",
+        help="show or replay dead letters of an app",
+        description=(
+            "The dead letters of an App's inputs (<input>-dlq): show them, or replay them "
+            "to their input under their original identity once the cause is fixed."
+        ),
+    )
     sub = parser.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND", required=True)
     show = sub.add_parser(
         "show",

@@ -42,13 +42,26 @@ LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSIT
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("schemas", help="check and register versioned Avro schemas")
+    parser = subparsers.add_parser(
+        "schemas",
+        help="check and register versioned Avro schemas",
+        description=(
+            "The versioned Avro schemas of the journal's record types (schemas/<type>/"
+            "vN.avsc): check that every version reads the older ones, register them in a "
+            "Schema Registry."
+        ),
+    )
     sub = parser.add_subparsers(dest="schemas_command", metavar="SUBCOMMAND", required=True)
 
     check = sub.add_parser(
         "check",
         help="verify every version reads all older ones (and, with --registry, that the "
         "registry accepts the newest: its reason printed when not)",
+        description=(
+            "Verify that every version of each record type reads all older ones (schema "
+            "resolution), and with --registry that the registry accepts the newest under "
+            "its compatibility level (its reason printed when not). Exit 1 on any failure."
+        ),
     )
     _add_dir_arg(check)
     check.add_argument(
@@ -59,7 +72,15 @@ def register(subparsers: Any) -> None:
     _add_topic_arg(check)
     check.set_defaults(func=run_check)
 
-    reg = sub.add_parser("register", help="register versions in a Schema Registry, in order")
+    reg = sub.add_parser(
+        "register",
+        help="register versions in a Schema Registry, in order",
+        description=(
+            "Register every version of each record type in a Schema Registry, oldest "
+            "first, under <topic>-value (--topic) or <record type>-value; with "
+            "--compatibility, set the subject's level first."
+        ),
+    )
     _add_dir_arg(reg)
     reg.add_argument(
         "--registry",

@@ -24,6 +24,7 @@ from ..durable.journal import (
     TimerEntry,
     Truncation,
     action_ordinal,
+    expand,
 )
 from ..durable.values import MAGIC, VERSION
 from ..errors import AgentsStreamError
@@ -36,7 +37,14 @@ _SHORT = 60
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("state", help="inspect the ActionState topic of an app")
+    parser = subparsers.add_parser(
+        "state",
+        help="inspect the ActionState topic of an app",
+        description=(
+            "Inspect (and repair) <app id>-action-state, the journal of an App: show one "
+            "key's records, count the entries, or tombstone journal slots that stop the worker."
+        ),
+    )
     sub = parser.add_subparsers(dest="state_command", metavar="SUBCOMMAND", required=True)
     show = sub.add_parser(
         "show",
@@ -50,7 +58,10 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_app_args(show)
-    show.add_argument("--key", required=True, help="record key (as str) to show")
+    show.add_argument("key", nargs="?", default=None, metavar="KEY", help="record key (as str)")
+    show.add_argument(
+        "--key", dest="key_option", default=None, metavar="KEY", help="the same, as an option"
+    )
     add_read_args(show)
     show.set_defaults(func=run_show)
     stats = sub.add_parser(
@@ -71,14 +82,22 @@ def register(subparsers: Any) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    if (args.key is None) == (args.key_option is None):
+        print("error: give one key: state show KEY (or --key KEY)", file=sys.stderr)
+        return 2
+    if args.key is None:
+        args.key = args.key_option
+
     def wanted(raw_key: bytes) -> bool:
         parts = identity(raw_key)
-        return len(parts) >= 2 and parts[1] == args.key
+        # A completion group (v7) holds several keys' ActionDones: read, then filtered.
+        return len(parts) >= 2 and (parts[1] == args.key or parts[0] == "g")
 
     result = _read(args, wanted)
     if result is None:
         return 1
     topic, entries = result
+    entries = [e for e in entries if entry_of_key(e, args.key)]
     if not entries:
         # Not found is an error (exit 1), as grep's: a script must not read it as a key
         # with an empty history.
@@ -121,13 +140,19 @@ def _read(args: argparse.Namespace, wanted: Any) -> tuple[str, list[JournalEntry
 
 def decode_all(codec: JournalCodec, values: dict[bytes, bytes]) -> list[JournalEntry]:
     """Decode live values; undecodable ones are reported on stderr, not fatal."""
-    entries = []
+    entries: list[JournalEntry] = []
     for key, value in values.items():
         try:
-            entries.append(codec.decode(key, value))
+            entries.extend(expand(codec.decode(key, value)))  # a group: its ActionDones
         except JournalDecodeError as exc:
             print(f"warning: {exc}", file=sys.stderr)
     return entries
+
+
+def entry_of_key(entry: JournalEntry, key: str) -> bool:
+    """Whether ``entry`` belongs to record key ``key``."""
+    ref = getattr(entry, "ref", None)
+    return (ref.key if ref is not None else getattr(entry, "key", None)) == key
 
 
 def format_key(entries: list[JournalEntry]) -> list[str]:

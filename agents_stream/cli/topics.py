@@ -37,7 +37,7 @@ from ..kafka.config import CONFIG_FILE_ENV, configure, producer_config, reader_c
 from ..kafka.ends import read_ends
 from ..serde.registry import resolve_registry_url
 from ..serde.values import JsonValueCodec, RegistryValueReader, value_codec
-from .common import add_log_args, add_registry_arg, apply_registry, load_app, setup_logging
+from .common import add_app_args, apply_registry, load_app, setup_logging
 from .topic_errors import CLIENT_MAX_BYTES, missing, produce_refusal, read_refusal, too_large
 
 log = logging.getLogger("agents_stream.cli")
@@ -61,8 +61,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Send records to TOPIC. A record is JSON text, or KEY=JSON to give it a key "
             "(the text before the first '=' is the key when it does not start with { [ or "
             '"). Records come from the RECORD arguments, else from --file, else from '
-            "stdin, one per line (blank lines and lines starting with # are skipped). "
-            "Waits up to 10 s (or a shorter --timeout) for the topic to exist (a worker "
+            "stdin, one per line (blank lines and lines starting with # are skipped); with "
+            "--raw, values are bytes as given. Waits up to 10 s (or a shorter --timeout) for the topic to exist (a worker "
             "creates its topics when it starts) and up to --timeout for every record to be "
             "acknowledged."
         ),
@@ -70,7 +70,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         + "\nexamples:\n"
         + '  agents-stream produce tickets \'u-1={"text": "refund please"}\'\n'
         + '  agents-stream produce tickets --key u-2 \'{"text": "hello"}\'\n'
-        + "  agents-stream produce orders -A examples.payments:app --file orders.jsonl\n",
+        + "  agents-stream produce orders -A examples.payments:app --file orders.jsonl\n"
+        + "  agents-stream produce orders --raw --key o-9 --file garbage.bin\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("topic", help="topic to write to")
@@ -80,6 +81,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "-f", "--file", default=None, metavar="PATH", help="records, one per line ('-': stdin)"
     )
     p.add_argument("-p", "--partition", type=int, default=None, help="partition (default: by key)")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="values are bytes as given, through no codec and no KEY= parsing (key: --key): "
+        "each RECORD argument is one value, else --file's (or stdin's) whole content is "
+        "one; e.g. a value no codec reads, to try the dead-letter path",
+    )
     p.add_argument(
         "-H",
         "--header",
@@ -96,7 +104,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="how long to wait for every record to be acknowledged (default: 30); the wait "
         "for the topic to exist is the shorter of this and 10 s",
     )
-    _add_client_args(p)
+    add_app_args(p, app_required=False)
     p.set_defaults(func=run_produce)
 
     t = sub.add_parser(
@@ -137,23 +145,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: run until interrupted); also bounds the wait for the topic to exist "
         "(default: 10)",
     )
-    _add_client_args(t)
+    add_app_args(t, app_required=False)
     t.set_defaults(func=run_tail)
-
-
-def _add_client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-A", "--app", default=None, help="module:attribute of an App (codec, broker)")
-    p.add_argument(
-        "-b", "--broker", default=None, help=f"kafka://host:port (default: ${BROKER_ENV})"
-    )
-    p.add_argument(
-        "--kafka-config",
-        metavar="PATH",
-        default=os.environ.get(CONFIG_FILE_ENV),
-        help=f"librdkafka properties file (default: ${CONFIG_FILE_ENV})",
-    )
-    add_registry_arg(p)
-    add_log_args(p)
 
 
 # -- shared ----------------------------------------------------------------------------
@@ -289,13 +282,32 @@ def _lines(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
             yield f"{name} line {n}", text
 
 
+def _raw_values(args: argparse.Namespace) -> list[bytes]:
+    """``--raw``: each RECORD argument's bytes (as the shell passed them), else the whole
+    of --file or stdin as one value."""
+    if args.records:
+        # surrogateescape: argv bytes that are not UTF-8 go out as they came in
+        return [text.encode("utf-8", "surrogateescape") for text in args.records]
+    if args.file in (None, "-"):
+        if args.file is None and sys.stdin.isatty():
+            raise ConfigurationError("no value: give RECORD arguments, --file PATH or stdin")
+        return [sys.stdin.buffer.read()]
+    try:
+        with open(args.file, "rb") as source:
+            return [source.read()]
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read --file {args.file}: {exc.strerror}") from exc
+
+
 def run_produce(args: argparse.Namespace) -> int:
     try:
         bootstrap, app = _setup(args)
         codec = _codec(app, args.topic, resolve_registry_url(args.schema_registry))
         headers = [_header(h) for h in args.header]
         records = []
-        for where, text in _lines(args):
+        if args.raw:
+            records = [(args.key, value) for value in _raw_values(args)]
+        for where, text in () if args.raw else _lines(args):
             try:
                 key, value = parse_record(text, args.key)
                 records.append((key, codec.encode(value)))
