@@ -18,6 +18,7 @@ from agents_stream.durable.journal import (
     ActionRef,
     CallEntry,
     CallStatus,
+    CompletionGroup,
     ExceptionInfo,
     InputProgress,
     JournalEntry,
@@ -121,6 +122,27 @@ CASES: list[tuple[str, int, JournalEntry]] = [
             finished_ms=1_700_000_003_000,
             emitted=False,
             emitted_outputs=(0, 2),
+        ),
+    ),
+    (
+        "completion-group",
+        7,
+        CompletionGroup(
+            "user-events",
+            3,
+            "a1b2c3d4e5f6-1f",
+            (
+                ActionDone(
+                    TOPIC_REF, outputs=(b'{"n":0}',), calls=1, finished_ms=1_700_000_004_000
+                ),
+                ActionDone(
+                    ActionRef("user-2", 44, "Scoring.process#0", partition=3, topic="user-events"),
+                    outputs=(b'{"n":1}', b'{"n":2}'),
+                    emitted=False,
+                    finished_ms=1_700_000_004_001,
+                ),
+            ),
+            1_700_000_004_002,
         ),
     ),
 ]

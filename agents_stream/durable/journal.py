@@ -18,6 +18,13 @@ tombstoned once its firing completed. A firing runs like an input record whose s
 number is ``-(ts + 1)`` (never an input offset) and whose action ids carry the timer kind
 (``Agent.method#e0`` / ``#p0``).
 
+Completion groups (schema v7): the ActionDones of several records of one input
+partition that finished together (a lane round, a host's group commit) are one
+:class:`CompletionGroup` record, one produce and one delivery report instead of one per
+record, and one tombstone once every record of the group is committed. A reader sees
+the same ActionDones either way (:func:`expand`): each keeps its own ref, so what a
+group holds is found under the record's identity as a standalone ActionDone would be.
+
 Key-state version: an action that changed memory or timers bumps the key's
 ``MemorySnapshot.version`` and records it as ``ActionDone.memory_version``. The snapshot
 is appended *after* the ActionDone and the timer records, so a durable snapshot of that
@@ -217,7 +224,48 @@ class InputProgress:
     worker_id: str = ""
 
 
-JournalEntry = CallEntry | ActionDone | MemorySnapshot | Truncation | TimerEntry | InputProgress
+@dataclass(frozen=True)
+class CompletionGroup:
+    """The ActionDones of records of one input partition that completed together
+    (schema v7).
+
+    ``group`` makes the record's key unique (a writer's token and a counter): two groups
+    never share a key, so compaction never folds one into another, and a group is
+    tombstoned only once every record it holds is committed. Only input records'
+    ActionDones of a v5+ ref go into groups (``groupable``); a timer firing's, which a
+    later firing of the same timer may have to clear, stays a standalone ActionDone.
+    """
+
+    topic: str
+    partition: int
+    group: str
+    dones: tuple[ActionDone, ...]
+    at_ms: int = 0
+
+
+JournalEntry = (
+    CallEntry
+    | ActionDone
+    | MemorySnapshot
+    | Truncation
+    | TimerEntry
+    | InputProgress
+    | CompletionGroup
+)
+
+
+def groupable(done: ActionDone) -> bool:
+    """Whether ``done`` may travel in a :class:`CompletionGroup`: an input record's
+    (seq is its offset, not a timer firing's negative one) of a v5+ ref (with its topic)
+    whose key holds no key separator (a record id that parses back the same way)."""
+    return done.ref.seq >= 0 and bool(done.ref.topic) and "\x1f" not in done.ref.key
+
+
+def expand(entry: JournalEntry) -> tuple[JournalEntry, ...]:
+    """The entries a decoded record stands for: a group's ActionDones, else itself."""
+    if entry.__class__ is CompletionGroup:
+        return entry.dones
+    return (entry,)
 
 
 def firing_seq(ts: int) -> int:
@@ -231,6 +279,10 @@ def action_ordinal(action: str) -> int:
     _, _, ordinal = action.rpartition("#")
     ordinal = ordinal.lstrip("ep")
     return int(ordinal) if ordinal.isdigit() else 0
+
+
+def group_identity(topic: str, partition: int, group: str) -> tuple[Any, ...]:
+    return ("g", topic, partition, group)
 
 
 def progress_identity(topic: str, partition: int) -> tuple[Any, ...]:
@@ -260,6 +312,8 @@ def entry_key(entry: JournalEntry | Tombstone) -> tuple[Any, ...]:
         return timer_identity(entry.key, entry.kind, entry.ts, entry.agent)
     if isinstance(entry, InputProgress):
         return progress_identity(entry.topic, entry.partition)
+    if isinstance(entry, CompletionGroup):
+        return group_identity(entry.topic, entry.partition, entry.group)
     if isinstance(entry, CallEntry):
         return ref_identity("c", entry.ref, entry.index)
     if isinstance(entry, ActionDone):

@@ -85,6 +85,7 @@ def progress_key(topic: str, partition: int) -> bytes:
 
 
 TIMERS_PREFIX = ("r" + SEP).encode()  # every TimerEntry of a partition
+GROUPS_PREFIX = ("g" + SEP).encode()  # every CompletionGroup of a partition (v7)
 
 
 def legacy_ref(ref: ActionRef) -> ActionRef:
@@ -114,6 +115,8 @@ def is_legacy(parts: list[str]) -> bool:
 def identity_fields(parts: list[str]) -> dict[str, str]:
     """Named fields (key, seq, topic, action, index) of a decoded per-record identity;
     ``topic`` is ``""`` for the legacy layout."""
+    if parts[:1] == ["g"]:  # a completion group: ``g topic partition group``
+        return dict(zip(("kind", "topic", "partition", "group"), parts, strict=False))
     if len(parts) < 2 or parts[0] not in RECORD_KINDS:
         return {"key": parts[1]} if len(parts) >= 2 else {}
     names: tuple[str, ...] = ("kind", "key", "seq", "action", "index")

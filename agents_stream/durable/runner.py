@@ -51,6 +51,7 @@ from .acks import acked
 from .bridge import run_bridged, run_coroutine_bridged
 from .context import ContextConfig, RunnerContext
 from .errors import KeylessRecordError
+from .groups import grouped_dones
 from .journal import (
     ActionDone,
     ActionRef,
@@ -399,10 +400,24 @@ class ActionRunner:
         whole's. The outputs are produced by the thread that resolves the ack, in its
         callback, before it dispatches any later delivery report: a key's next record
         has its outputs produced after these, whenever the loop hears of this ack."""
-        journaled = self.store.append(dones, partition)
+        journaled = self.append_dones(dones, partition)
         if not sends:
             return journaled, journaled
         return journaled, then(journaled, partial(self.send_outputs, sends, partition))
+
+    def append_dones(self, dones: list[ActionDone], partition: int) -> Future[None]:
+        """The ActionDones of one record or a group's, of ``partition``, in one append:
+        those that may travel in a completion group (v7) as groups, one record each
+        (:mod:`durable.groups`), the others as ActionDones."""
+        if len(dones) < 2:
+            return self.store.append(dones, partition)
+        groups, alone = grouped_dones(dones, partition)
+        if not groups:
+            return self.store.append(dones, partition)
+        appended = [self.store.append_group(group) for group in groups]
+        if alone:
+            appended.append(self.store.append(alone, partition))
+        return all_of(appended)
 
     def send_outputs(
         self, sends: list[tuple[ActionDone, list[Any]]], partition: int

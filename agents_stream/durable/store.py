@@ -18,6 +18,7 @@ from .journal import (
     ActionDone,
     ActionRef,
     CallEntry,
+    CompletionGroup,
     InputProgress,
     JournalEntry,
     MemorySnapshot,
@@ -112,6 +113,17 @@ class ActionStateStore(ABC):
         """Append entries (a :class:`Tombstone` deletes) in order; the future resolves
         once all are durable. Order holds on the log: a durable entry implies every
         earlier one of the same call is durable."""
+
+    def append_group(self, group: CompletionGroup) -> Future[None]:
+        """Append the ActionDones of ``group`` as one completion group (v7), found by
+        :meth:`done` under each member's identity. A store that keeps no groups appends
+        them as standalone ActionDones."""
+        return self.append(list(group.dones), group.partition)
+
+    def prune_below(self, topic: str, partition: int, offset: int) -> int:
+        """Prune what records of ``topic`` below completed-through ``offset`` left
+        behind (called on assignment); how many journal records. Nothing by default."""
+        return 0
 
     def fresh(self, key: str, seq: int, partition: int) -> bool:
         """True when input record ``(key, seq)`` of ``partition`` is known to have no

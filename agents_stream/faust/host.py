@@ -409,7 +409,7 @@ class DurableAgent:
         """After the cache rebuild: events below the partition's completed-through marker
         are acked without running (the worker's rule, guarantee 8: host/progress.py)."""
         assert self.handler is not None
-        self.handler.progress.load(self.input, partition)
+        self.handler.progress.load(self.input, partition, prune=self.prune_completed)
 
     def _assigned_by_faust(self, partition: int) -> bool:
         """Whether Faust's consumer holds the input partition (True without a consumer

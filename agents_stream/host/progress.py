@@ -39,9 +39,11 @@ class CompletedThrough:
         self._floor: dict[Partition, int] = {}  # markers never move back
         self._skip_logged: set[Partition] = set()
 
-    def load(self, topic: str, partition: int) -> int | None:
+    def load(self, topic: str, partition: int, *, prune: bool = False) -> int | None:
         """After the partition's cache rebuild: its marker's offset (None without one);
-        records below it are skipped from now on, unless ``rerun_completed``."""
+        records below it are skipped from now on, unless ``rerun_completed``. With
+        ``prune`` (the host prunes committed records) the completion groups of records
+        below it that a crash between a commit and its prune left are tombstoned."""
         tp = (topic, partition)
         self._skip_logged.discard(tp)
         marker = self.store.progress(topic, partition)
@@ -58,6 +60,8 @@ class CompletedThrough:
             self.through.pop(tp, None)
         else:
             self.through[tp] = marker.offset
+            if prune:
+                self.store.prune_below(topic, partition, marker.offset)
         return marker.offset
 
     def skips(self, topic: str, partition: int, offset: int) -> bool:

@@ -203,7 +203,7 @@ class Rebalance:
         """Kafka thread, after the cache rebuild: the partition's completed-through marker
         (records below it are skipped, see ``host/progress.py``)."""
         assert self._w.progress is not None
-        self._w.progress.load(topic, partition)
+        self._w.progress.load(topic, partition, prune=self._w.app.prune_completed)
 
     def on_revoke(
         self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool = False

@@ -34,6 +34,7 @@ from ..durable.journal import (
     ActionRef,
     CallEntry,
     CallStatus,
+    CompletionGroup,
     ExceptionInfo,
     InputProgress,
     JournalEntry,
@@ -76,6 +77,7 @@ SNAPSHOT = _NS + "MemorySnapshot"
 TRUNCATION = _NS + "Truncation"
 TIMER = _NS + "Timer"
 PROGRESS = _NS + "InputProgress"
+GROUP = _NS + "CompletionGroup"
 
 
 class JournalCodec:
@@ -375,17 +377,14 @@ def to_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:
             "worker_id": entry.worker_id,
         }
     if isinstance(entry, ActionDone):
-        return DONE, {
-            **_ref(entry.ref),
-            "memory_updates": [{"name": u.name, "value": u.value} for u in entry.memory_updates],
-            "outputs": list(entry.outputs),
-            "events": [{"type": e.type, "payload": e.payload} for e in entry.events],
-            "calls": entry.calls,
-            "finished_ms": entry.finished_ms,
-            "emitted": entry.emitted,
-            "timers": [{"kind": t.kind, "ts": t.ts, "deleted": t.deleted} for t in entry.timers],
-            "memory_version": entry.memory_version,
-            "emitted_outputs": list(entry.emitted_outputs),
+        return DONE, _done_datum(entry)
+    if isinstance(entry, CompletionGroup):
+        return GROUP, {
+            "topic": entry.topic,
+            "partition": entry.partition,
+            "group": entry.group,
+            "at_ms": entry.at_ms,
+            "dones": [_done_datum(d) for d in entry.dones],
         }
     if isinstance(entry, MemorySnapshot):
         return SNAPSHOT, {
@@ -396,6 +395,25 @@ def to_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:
             "partition": entry.partition,
             "version": entry.version,
         }
+    return _other_datum(entry)
+
+
+def _done_datum(entry: ActionDone) -> dict[str, Any]:
+    return {
+        **_ref(entry.ref),
+        "memory_updates": [{"name": u.name, "value": u.value} for u in entry.memory_updates],
+        "outputs": list(entry.outputs),
+        "events": [{"type": e.type, "payload": e.payload} for e in entry.events],
+        "calls": entry.calls,
+        "finished_ms": entry.finished_ms,
+        "emitted": entry.emitted,
+        "timers": [{"kind": t.kind, "ts": t.ts, "deleted": t.deleted} for t in entry.timers],
+        "memory_version": entry.memory_version,
+        "emitted_outputs": list(entry.emitted_outputs),
+    }
+
+
+def _other_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:
     if isinstance(entry, TimerEntry):
         return TIMER, {
             "key": entry.key,
@@ -450,20 +468,34 @@ def from_datum(name: str, d: dict[str, Any]) -> JournalEntry:
             worker_id=d["worker_id"],
         )
     if name == DONE:
-        return ActionDone(
-            ref=_ref_of(d),
-            memory_updates=tuple(MemoryUpdate(u["name"], u["value"]) for u in d["memory_updates"]),
-            outputs=tuple(d["outputs"]),
-            events=tuple(SentEvent(e["type"], e["payload"]) for e in d["events"]),
-            calls=d["calls"],
-            finished_ms=d["finished_ms"],
-            emitted=d["emitted"],
-            timers=tuple(
-                TimerUpdate(t["kind"], t["ts"], t["deleted"]) for t in d.get("timers", ())
-            ),
-            memory_version=d.get("memory_version", -1),
-            emitted_outputs=tuple(d.get("emitted_outputs", ())),
+        return _done_of(d)
+    if name == GROUP:
+        return CompletionGroup(
+            topic=d["topic"],
+            partition=d["partition"],
+            group=d["group"],
+            dones=tuple(_done_of(x) for x in d["dones"]),
+            at_ms=d["at_ms"],
         )
+    return _other_of(name, d)
+
+
+def _done_of(d: dict[str, Any]) -> ActionDone:
+    return ActionDone(
+        ref=_ref_of(d),
+        memory_updates=tuple(MemoryUpdate(u["name"], u["value"]) for u in d["memory_updates"]),
+        outputs=tuple(d["outputs"]),
+        events=tuple(SentEvent(e["type"], e["payload"]) for e in d["events"]),
+        calls=d["calls"],
+        finished_ms=d["finished_ms"],
+        emitted=d["emitted"],
+        timers=tuple(TimerUpdate(t["kind"], t["ts"], t["deleted"]) for t in d.get("timers", ())),
+        memory_version=d.get("memory_version", -1),
+        emitted_outputs=tuple(d.get("emitted_outputs", ())),
+    )
+
+
+def _other_of(name: str, d: dict[str, Any]) -> JournalEntry:
     if name == SNAPSHOT:
         return MemorySnapshot(
             key=d["key"],
@@ -604,7 +636,20 @@ def _bindings() -> dict[str, ObjectBinding]:
             "emitted_outputs": "tuple({emitted_outputs})",
         },
     )
+    group_build = _builder(
+        CompletionGroup,
+        {
+            "topic": "{topic}",
+            "partition": "{partition}",
+            "group": "{group}",
+            "dones": "tuple({dones})",
+            "at_ms": "{at_ms}",
+        },
+    )
     return {
+        GROUP: ObjectBinding(
+            CompletionGroup, build=group_build, env={**env, "_CompletionGroup": CompletionGroup}
+        ),
         CALL: ObjectBinding(
             CallEntry,
             get={**_REF_GET, "status": "{o}.status.value"},
@@ -678,15 +723,32 @@ def _fast_codecs(parsed: Any) -> tuple[dict[type, tuple[int, Any]], dict[int, An
     except (KeyError, IndexError, TypeError):
         return encoders, decoders
     bindings = _bindings()
+    named = {b["name"]: b for b in branches if isinstance(b, dict) and "name" in b}
     for index, branch in enumerate(branches):
         name = branch.get("name") if isinstance(branch, dict) else None
-        if name not in (CALL, DONE) or index >= 64:
+        if name not in (CALL, DONE, GROUP) or index >= 64:
             continue
-        codec = compile_object_codec(branch, bindings)
+        codec = compile_object_codec(_inlined(branch, named), bindings)
         if codec is not None:
             encoders[bindings[name].cls] = (index, codec[0])
             decoders[index] = codec[1]
     return encoders, decoders
+
+
+def _inlined(schema: Any, named: dict[str, Any]) -> Any:
+    """``schema`` self-contained: a reference to another branch of the union (a group's
+    ``dones`` name ActionDone) replaced by that branch's definition, as the compiler
+    needs (it compiles one branch at a time)."""
+    if isinstance(schema, str):
+        return named.get(schema, schema)
+    if isinstance(schema, list):
+        return [_inlined(s, named) for s in schema]
+    if isinstance(schema, dict):
+        return {
+            k: _inlined(v, named) if k in ("type", "items", "values", "fields") else v
+            for k, v in schema.items()
+        }
+    return schema
 
 
 def _ref(ref: ActionRef) -> dict[str, Any]:

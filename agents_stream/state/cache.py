@@ -23,7 +23,7 @@ import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rocksdict import (
@@ -53,6 +53,9 @@ _RECORD_KINDS = frozenset(b"cat")  # first byte of call, done and truncation key
 _SEP = b"\x1f"
 _SEP_STR = "\x1f"
 _RECORD_HEADS = (b"c" + _SEP, b"a" + _SEP, b"t" + _SEP)  # call, done, truncation keys
+_GROUP_HEAD = b"g" + _SEP  # a completion group (v7): the ActionDones of several records
+# The done keys a completion group's record holds (``(key, value)`` of the group).
+MembersOf = Callable[[bytes, bytes], Sequence[bytes]]
 # Input records with live entries indexed per partition (~450 bytes each): the records
 # in flight plus those finished since the last commit's pruning; 20k was passed by one
 # partition draining at ~14k records/s with a 1 s commit interval.
@@ -113,7 +116,12 @@ def _options() -> Options:
 class PartitionCache:
     """RocksDB view of one ActionState partition."""
 
-    def __init__(self, path: Path, *, index_slots: bool = True) -> None:
+    def __init__(
+        self, path: Path, *, index_slots: bool = True, members_of: MembersOf | None = None
+    ) -> None:
+        """``members_of``: the done keys of a completion group's record (the journal
+        codec's reading); without it the cache keeps no group's membership (a reader
+        that only scans)."""
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.db = Rdict(str(path), options=_options())
@@ -136,6 +144,128 @@ class PartitionCache:
         self._index_slots = index_slots
         self._dropped_at: float | None = None  # when the index was dropped past its limit
         self._slots = self._load_index() if index_slots else None
+        self._members_of = members_of
+        self._groups_stale = False  # a replay wrote group rows: membership read again
+        self._groups: dict[bytes, set[bytes]] = {}  # group key -> live member done keys
+        self._group_of: dict[bytes, bytes] = {}  # member done key -> group key
+        self._by_record: dict[bytes, set[bytes]] = {}  # ``key SEP seq SEP`` -> members
+        self._standalone: set[bytes] = set()  # members with a row of their own too
+        self._load_groups()
+
+    # -- completion groups (v7) ----------------------------------------------------------
+    # A group record holds the ActionDones of several input records under one key of its
+    # own. Its members are looked up by their own done keys, as standalone ActionDones
+    # are: every member's done key maps to its group (``_group_of``) and is indexed as a
+    # live per-record key, so the record is not fresh and a lookup knows where to read.
+    # Pruning drops members one record at a time (:meth:`drop_members`); the group's key
+    # is tombstoned once its last member is dropped. Membership lives in memory only,
+    # read back from the group rows on open and after a rebuild.
+
+    def _load_groups(self) -> None:
+        self._groups, self._group_of, self._by_record = {}, {}, {}
+        self._standalone = set()
+        if self._members_of is None:
+            return
+        for key, value in self.rocksdb_scan(_GROUP_HEAD):
+            self._add_group(key, self._members_of(key, value))
+        # An ActionDone may also have a row of its own under its done key (an emitted
+        # marker, written after the group): that row is pruned with a tombstone.
+        self._standalone = {m for m in self._group_of if self.db.get(m) is not None}
+
+    def _add_group(self, key: bytes, members: Sequence[bytes]) -> None:
+        live = self._slots
+        found = self._groups.get(key)
+        if found is None:
+            self._groups[key] = found = set()
+        for member in members:
+            found.add(member)
+            self._group_of[member] = key
+            record = _record_of(member)
+            if record is not None:
+                self._by_record.setdefault(record, set()).add(member)
+            if live is not None and not _index_key(live, member):
+                self._slots = live = None  # past the limit: lookups read RocksDB
+                self._dropped_at = time.monotonic()
+
+    def _forget_member(self, member: bytes) -> None:
+        del self._group_of[member]
+        record = _record_of(member)
+        found = self._by_record.get(record) if record is not None else None
+        if found is not None:
+            found.discard(member)
+            if not found:
+                del self._by_record[record]  # type: ignore[arg-type]
+        if member in self._standalone:
+            self._standalone.discard(member)  # its row's tombstone unindexes it
+        else:
+            self._unindex(member)
+
+    def _drop_group(self, key: bytes) -> None:
+        for member in self._groups.pop(key, ()):
+            if self._group_of.get(member) == key:
+                self._forget_member(member)
+
+    def _unindex(self, key: bytes) -> None:
+        live = self._slots
+        if live is None:
+            return
+        record = _record_of(key)
+        found = live.get(record) if record is not None else None
+        if found is not None:
+            found.discard(key)
+            if not found and record is not None:
+                del live[record]
+
+    def group_of(self, done_key: bytes) -> bytes | None:
+        """The key of the completion group holding the ActionDone of ``done_key``."""
+        return self._group_of.get(done_key)
+
+    def is_virtual(self, key: bytes) -> bool:
+        """Whether ``key`` is a group member's done key with no row of its own (nothing
+        to tombstone in the topic)."""
+        return key in self._group_of and key not in self._standalone
+
+    def drop_records(self, records: Sequence[tuple[int, str]], topic: str) -> list[bytes]:
+        """Forget the group members of input records ``(seq, key)`` of ``topic`` (they
+        are committed); returns the keys of the groups left with no member, to
+        tombstone."""
+        emptied = []
+        tail = topic.encode() + _SEP
+        for seq, key in records:
+            found = self._by_record.get(f"{key}\x1f{seq}\x1f".encode())
+            if not found:
+                continue
+            for member in tuple(found):
+                record = _record_of(member)
+                if record is None or not member.startswith(tail, 2 + len(record)):
+                    continue  # another topic's record at the same key and offset
+                group = self._group_of.get(member)
+                self._forget_member(member)
+                members = self._groups.get(group) if group is not None else None
+                if members is not None and group is not None:
+                    members.discard(member)
+                    if not members:
+                        emptied.append(group)
+        return emptied
+
+    def drop_below(self, topic: str, offset: int) -> list[bytes]:
+        """Forget the group members of ``topic`` that are input records below ``offset``
+        (the completed-through marker, on assignment: membership is read back whole from
+        the group rows, members pruned before included); returns the keys of the groups
+        with no member left, to tombstone (also those a crash between a commit and its
+        prune, or a lost tombstone, left behind)."""
+        head = _GROUP_HEAD + topic.encode() + _SEP
+        emptied = []
+        for key, members in self._groups.items():
+            if not key.startswith(head):
+                continue
+            for member in [m for m in members if _seq_of(m) < offset]:
+                members.discard(member)
+                if self._group_of.get(member) == key:
+                    self._forget_member(member)
+            if not members:
+                emptied.append(key)
+        return emptied
 
     # -- live per-record entries ----------------------------------------------------------
     # Every action run asks the cache whether it already ran (its ActionDone) and what it
@@ -237,6 +367,8 @@ class PartitionCache:
         self._checkpoint = 0
         if self._slots is not None:
             self._slots = {}
+        self._groups, self._group_of, self._by_record = {}, {}, {}
+        self._standalone = set()
 
     def mark_uncommitted(self) -> None:
         """Before the first record of a transaction reaches this cache (see
@@ -274,6 +406,7 @@ class PartitionCache:
         if replay:
             self._slots = live = None  # loaded once by settle(): cheaper than noting writes
             self._dropped_at = None
+            self._groups_stale = True
         elif (
             live is None
             and self._dropped_at is not None
@@ -300,6 +433,17 @@ class PartitionCache:
                         INDEX_RELOAD_AFTER,
                     )
                     break
+        groups = None
+        if not replay and self._members_of is not None:
+            groups = [(k, v) for k, v in records if k[:2] == _GROUP_HEAD]
+            for key, value in groups:
+                if value is not None:  # members noted before RocksDB has the group
+                    self._add_group(key, self._members_of(key, value))
+            if self._group_of:  # a member's own row (an emitted marker): pruned by key
+                of = self._group_of
+                self._standalone.update(
+                    k for k, v in records if v is not None and k in of and k[:2] == b"a\x1f"
+                )
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         for key, value in records:
@@ -312,6 +456,11 @@ class PartitionCache:
             map(_LEGACY.match, [k for k, v in records if v is not None])
         )
         self._write(batch, legacy, next_offset, replay)
+        if groups:
+            for key, value in groups:
+                if value is None:
+                    self._drop_group(key)
+        live = self._slots  # a group's members may have passed the limit
         if live is not None:  # deletes noted once RocksDB has them
             for key, value in writes.items():
                 if value is None:
@@ -328,6 +477,7 @@ class PartitionCache:
         tombstones in one C-level pass (a rebuild writes every record of the topic)."""
         self._slots = None  # loaded once by settle()
         self._dropped_at = None
+        self._groups_stale = True
         batch = WriteBatch(raw_mode=True)
         if None in values:
             puts = []
@@ -380,6 +530,10 @@ class PartitionCache:
             self._unsettled = False
         if self._index_slots and self._slots is None:
             self._slots = self._load_index()
+            self._groups_stale = True  # their members are indexed too
+        if self._groups_stale:
+            self._groups_stale = False
+            self._load_groups()
 
     def _scan_legacy(self) -> bool:
         it = self.db.iter()
@@ -472,6 +626,15 @@ def _record_of(key: bytes) -> bytes | None:
         return None
     end = key.find(_SEP, end + 1)
     return key[2 : end + 1] if end >= 0 else None
+
+
+def _seq_of(key: bytes) -> int:
+    """The seq of a per-record key (``kind key seq ...``); -1 when it has none."""
+    record = _record_of(key)
+    if record is None:
+        return -1
+    seq = record[:-1].rpartition(_SEP)[2]
+    return int(seq) if seq.lstrip(b"-").isdigit() else -1
 
 
 def _index_key(live: dict[bytes, set[bytes]], key: bytes) -> bool:

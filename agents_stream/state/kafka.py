@@ -22,6 +22,7 @@ from ..durable.journal import (
     ActionDone,
     ActionRef,
     CallEntry,
+    CompletionGroup,
     InputProgress,
     JournalEntry,
     MemorySnapshot,
@@ -84,6 +85,9 @@ class KafkaActionStateStore(ActionStateStore):
         # the open transaction; the partitions whose caches hold some of it.
         self._txn: TransactionalProducer | None = None
         self._uncommitted: set[int] = set()
+        # Completion groups appended, not yet acked: their members' done keys, so that
+        # applying the ack does not decode what was just encoded.
+        self._pending_groups: dict[bytes, list[bytes]] = {}
 
     def use_transactions(self, producer: TransactionalProducer) -> None:
         """Exactly-once: ActionDones, memory snapshots, timers and completed-through
@@ -132,7 +136,9 @@ class KafkaActionStateStore(ActionStateStore):
         caches: dict[int, PartitionCache] = {}
         try:
             for p in wanted:
-                caches[p] = PartitionCache(self._dir / f"p{p}", index_slots=self._index_slots)
+                caches[p] = PartitionCache(
+                    self._dir / f"p{p}", index_slots=self._index_slots, members_of=self._members_of
+                )
             replayed = rebuild_partitions(
                 self._bootstrap,
                 self.topic,
@@ -204,11 +210,38 @@ class KafkaActionStateStore(ActionStateStore):
 
     def done(self, ref: ActionRef) -> ActionDone | None:
         raw_key = keys.done_key(ref)
-        raw = self._cache(ref.partition).get(raw_key)
+        cache = self._cache(ref.partition)
+        raw = cache.get(raw_key)
         if raw is None:
-            return None
+            return self._done_in_group(cache, raw_key, ref)
         entry = self._decode(raw_key, raw)
         return entry if isinstance(entry, ActionDone) else None
+
+    def _done_in_group(
+        self, cache: PartitionCache, raw_key: bytes, ref: ActionRef
+    ) -> ActionDone | None:
+        group_key = cache.group_of(raw_key)
+        if group_key is None:
+            return None
+        raw = cache.db.get(group_key)
+        if raw is None:
+            return None
+        group = self._decode(group_key, raw)
+        if isinstance(group, CompletionGroup):
+            for done in group.dones:
+                if done.ref == ref:
+                    return done
+        return None
+
+    def _members_of(self, key: bytes, value: bytes) -> list[bytes]:
+        """The done keys of the completion group ``key``/``value`` (PartitionCache)."""
+        members = self._pending_groups.pop(key, None)
+        if members is not None:
+            return members
+        entry = self._decode(key, value)
+        if not isinstance(entry, CompletionGroup):
+            return []
+        return [keys.done_key(d.ref) for d in entry.dones]
 
     def memory(self, key: str, partition: int) -> MemorySnapshot | None:
         raw_key = keys.memory_key(key)
@@ -260,6 +293,17 @@ class KafkaActionStateStore(ActionStateStore):
         # A batch's ActionDones, emitted markers or effects: one future for the group.
         records = [(key_of(e), None if isinstance(e, Tombstone) else encode(e)) for e in entries]
         return producer.send_all(self.topic, records, partition=partition)
+
+    def append_group(self, group: CompletionGroup) -> Future[None]:
+        """Append one completion group (its members found by their done keys once it
+        is acked)."""
+        key = keys.entry_key_bytes(group)
+        self._pending_groups[key] = [keys.done_key(d.ref) for d in group.dones]
+        try:
+            return self.append([group], group.partition)
+        except BaseException:
+            self._pending_groups.pop(key, None)
+            raise
 
     def _mark_uncommitted(self, partition: int) -> None:
         with self._lock:
@@ -334,9 +378,31 @@ class KafkaActionStateStore(ActionStateStore):
                 ]
         if self.ownership is not None and not self.ownership.holds(partition):
             return  # pruning is the holder's: an entry left behind is only kept longer
+        if topic:
+            # Completion groups: a member's done key has no record of its own in the
+            # topic; its group is tombstoned once its last member is committed.
+            with self._lock:
+                doomed = [k for k in doomed if not cache.is_virtual(k)]
+                doomed += cache.drop_records(records, topic)
+        if not doomed:
+            return
         # Nobody waits for these: a lost tombstone only leaves an entry behind, so the
         # whole commit's tombstones of a partition go as one untracked group.
         self._producer.send_untracked(self.topic, [(k, None) for k in doomed], partition)
+
+    def prune_below(self, topic: str, partition: int, offset: int) -> int:
+        """On assignment: forget the completion-group members of ``topic`` below
+        ``offset`` (the completed-through marker: committed, maybe pruned by the last
+        owner) and tombstone the groups left with none (a crash between a commit and
+        its prune, or a lost tombstone, left them). How many."""
+        cache = self._caches.get(partition)
+        if cache is None or (self.ownership is not None and not self.ownership.holds(partition)):
+            return 0
+        with self._lock:
+            doomed = cache.drop_below(topic, offset)
+        if doomed:
+            self._producer.send_untracked(self.topic, [(k, None) for k in doomed], partition)
+        return len(doomed)
 
     def _on_acked(self, acks: list[Ack]) -> None:
         by_partition: dict[int, list[Ack]] = {}

@@ -49,7 +49,9 @@ def snapshot(*entries) -> list[tuple[bytes, bytes]]:
 def test_fatal_errors_fail_the_task_naming_the_record():
     ref = ActionRef("k0", 0, "Charger.process#0", 0, "bf-in")
     other = CallEntry(ref, 0, "somewhere:else", "digest", CallStatus.SUCCEEDED, result=b"1")
-    with pytest.raises(TaskRecordError, match=r"^NonDeterminismError: .*\(topic bf-in, partition 0, offset 0\)$") as info:
+    with pytest.raises(
+        TaskRecordError, match=r"^NonDeterminismError: .*\(topic bf-in, partition 0, offset 0\)$"
+    ) as info:
         run_partition(task(strict=True), 0, records(1), snapshot(other))
     assert isinstance(info.value.__cause__, NonDeterminismError)
     assert (info.value.topic, info.value.partition, info.value.offset) == ("bf-in", 0, 0)

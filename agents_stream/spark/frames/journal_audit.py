@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 
 from ...durable.errors import JournalDecodeError
-from ...durable.journal import ActionDone, CallEntry, MemorySnapshot, Truncation
+from ...durable.journal import ActionDone, CallEntry, CompletionGroup, MemorySnapshot, Truncation
 from ...serde.journal import JournalCodec
 from .journal_rows import JOURNAL_TYPES, _action_name, _key_fields, call_status, skim, skims
 
@@ -150,6 +150,11 @@ def audit_batch(
                     error=str(exc),
                 )
             )
+            continue
+        if type(entry) is CompletionGroup:  # v7: each of its ActionDones completed
+            for member in entry.dones:
+                ref = member.ref
+                states.setdefault((ref.topic, ref.key, ref.seq, ref.action), [0, 0, 0, 0, 0])[4] = 1
             continue
         if type(entry) is CallEntry:
             ref = entry.ref

@@ -26,10 +26,12 @@ from ...durable.errors import JournalDecodeError
 from ...durable.journal import (
     ActionDone,
     CallEntry,
+    CompletionGroup,
     InputProgress,
     JournalEntry,
     MemorySnapshot,
     Truncation,
+    expand,
 )
 from ...durable.values import MAGIC, VERSION
 from ...serde.journal import JournalCodec, default_journal_codec
@@ -204,7 +206,9 @@ def decode_record(
 ) -> dict[str, Any]:
     """One row for a live record; an undecodable value yields kind ``undecodable``."""
     try:
-        row = entry_row(codec.decode(key, value))
+        entry = codec.decode(key, value)
+        # A completion group (v7) is rows of its ActionDones (journal_batch): its first.
+        row = entry_row(expand(entry)[0] if isinstance(entry, CompletionGroup) else entry)
     except JournalDecodeError as exc:
         row = {"kind": "undecodable", "error": str(exc), **_key_fields(exc)}
     if include_raw:
@@ -278,15 +282,23 @@ def journal_batch(
     column goes to Arrow in one call. Rows equal :func:`decode_record`'s.
     """
     rows = []
+    raws: list[bytes] = []
     for key, value, partition, offset, ts in zip(
         keys, values, partitions, offsets, timestamps, strict=True
     ):
-        rows.append((partition, offset, ts, *_values(codec, key, value)))  # type: ignore[arg-type]
+        row = _values(codec, key, value)  # type: ignore[arg-type]
+        if row.__class__ is list:  # a completion group: one row per ActionDone
+            for member in row:
+                rows.append((partition, offset, ts, *member))
+                raws.append(value)
+        else:
+            rows.append((partition, offset, ts, *row))
+            raws.append(value)
     columns: list[Sequence[Any]] = (
         list(zip(*rows, strict=True)) if rows else [()] * len(JOURNAL_COLUMNS)
     )
     if include_raw:
-        columns[_RAW] = values
+        columns[_RAW] = raws
     return pa.RecordBatch.from_arrays(
         [
             pa.array(col, field.type)
@@ -296,8 +308,11 @@ def journal_batch(
     )
 
 
-def _values(codec: JournalCodec, key: bytes, value: bytes) -> tuple[Any, ...]:
-    """A record's row in column order, after the coordinates (partition, offset, ts)."""
+def _values(
+    codec: JournalCodec, key: bytes, value: bytes
+) -> tuple[Any, ...] | list[tuple[Any, ...]]:
+    """A record's row in column order, after the coordinates (partition, offset, ts); a
+    completion group's (v7) rows, one per ActionDone, as a list."""
     try:
         entry = codec.decode(key, value)
     except JournalDecodeError as exc:
@@ -307,6 +322,8 @@ def _values(codec: JournalCodec, key: bytes, value: bytes) -> tuple[Any, ...]:
         return _call_values(entry)  # type: ignore[arg-type]
     if cls is ActionDone:
         return _done_values(entry)  # type: ignore[arg-type]
+    if cls is CompletionGroup:
+        return [_done_values(done) for done in entry.dones]  # type: ignore[union-attr]
     return _row_values(entry_row(entry))
 
 
@@ -375,7 +392,8 @@ def check_batches(
             hit = skim(found, value) if found else None
             if hit is None:
                 full = _values(codec, m.key(), value)
-                rows.append((partition, *[full[i] for i in _CHECK_AT]))
+                for one in full if full.__class__ is list else [full]:
+                    rows.append((partition, *[one[i] for i in _CHECK_AT]))
                 continue
             is_call, (topic, key, seq, action, *rest) = hit
             name = _action_name(action)
@@ -530,5 +548,6 @@ def journal_batches_of(
 def decode_entries(
     codec: JournalCodec, records: Iterable[tuple[bytes, bytes]]
 ) -> list[JournalEntry]:
-    """Decodes ``(key, value)`` pairs to journal entries (strict: errors propagate)."""
-    return [codec.decode(key, value) for key, value in records]
+    """Decodes ``(key, value)`` pairs to journal entries (strict: errors propagate); a
+    completion group (v7) to its ActionDones."""
+    return [e for key, value in records for e in expand(codec.decode(key, value))]

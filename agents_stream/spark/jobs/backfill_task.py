@@ -43,7 +43,7 @@ from typing import Any
 from ...ackfuture import resolved
 from ...app import AgentBinding, App
 from ...durable.errors import FATAL_ERRORS
-from ...durable.journal import ActionDone, JournalEntry
+from ...durable.journal import ActionDone, JournalEntry, expand
 from ...durable.keys import encode_identity, entry_key_bytes
 from ...durable.output_identity import OUTPUT_HEADER, output_prefix
 from ...durable.pool import CodeBlockPool
@@ -159,7 +159,7 @@ def run_partition(
     entries: list[JournalEntry] = []
     for record in state:
         try:
-            entries.append(codec.decode(record[0], record[1]))
+            entries.extend(expand(codec.decode(record[0], record[1])))  # a group: its dones
         except FATAL_ERRORS as exc:
             if len(record) < 3:
                 raise

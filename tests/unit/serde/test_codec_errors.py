@@ -45,7 +45,7 @@ CALL_ENTRY = CallEntry(REF, 5, "mod.fetch", "d1", CallStatus.SUCCEEDED, result=b
 SLOT = ("user-7", 42, "Scoring.process#1", 5)
 NAMED = ("key='user-7'", "seq=42", "action='Scoring.process#1'", "call_index=5")
 VERSIONS = load_versions(JOURNAL_RECORD_TYPE)
-LABEL = VERSIONS[-1].label  # "ActionState v6"
+LABEL = VERSIONS[-1].label  # "ActionState v7"
 REFERENCE = JournalCodec(AvroSerde(VERSIONS, compiled=False))
 
 

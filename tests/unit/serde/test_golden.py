@@ -145,3 +145,18 @@ def test_v6_outputs_partly_emitted():
     # written before v6: no output known durable on its own
     assert decode("v5-action-done-topic.bin").emitted_outputs == ()
     assert decode("v1-action-done.bin").emitted_outputs == ()
+
+
+def test_v7_completion_group():
+    from agents_stream.durable.journal import CompletionGroup, expand
+
+    group = decode("v7-completion-group.bin")
+    assert isinstance(group, CompletionGroup)
+    assert (group.topic, group.partition, group.group) == ("user-events", 3, "a1b2c3d4e5f6-1f")
+    first, second = expand(group)
+    assert first.ref == ActionRef(
+        "user-1", 43, "Scoring.process#0", partition=3, topic="user-events"
+    )
+    assert first.outputs == (b'{"n":0}',) and first.emitted
+    assert second.ref.key == "user-2" and not second.emitted
+    assert entry_key_bytes(group) == b"g\x1fuser-events\x1f3\x1fa1b2c3d4e5f6-1f"

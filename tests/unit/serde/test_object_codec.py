@@ -19,6 +19,7 @@ from agents_stream.durable.journal import (
     ActionRef,
     CallEntry,
     CallStatus,
+    CompletionGroup,
     ExceptionInfo,
     MemoryUpdate,
     SentEvent,
@@ -83,7 +84,15 @@ dones = st.builds(
     memory_version=_long,
     emitted_outputs=st.lists(st.integers(0, 2**31 - 1), max_size=3).map(tuple),
 )
-entries = calls | dones
+groups = st.builds(
+    CompletionGroup,
+    topic=_text,
+    partition=_int,
+    group=_text,
+    dones=st.lists(dones, max_size=4).map(tuple),
+    at_ms=_long,
+)
+entries = calls | dones | groups
 
 
 def _same_types(a: object, b: object) -> None:
@@ -98,8 +107,8 @@ def _same_types(a: object, b: object) -> None:
 
 
 def test_calls_and_completions_take_the_fast_path():
-    assert set(FAST._fast_enc) == {CallEntry, ActionDone}
-    assert len(FAST._fast_dec) == 2
+    assert set(FAST._fast_enc) == {CallEntry, ActionDone, CompletionGroup}
+    assert len(FAST._fast_dec) == 3
     assert not REFERENCE._fast_enc and not REFERENCE._fast_dec
 
 
@@ -132,9 +141,9 @@ def test_decoding_does_not_go_through_dicts(entry, monkeypatch):
 
 
 @st.composite
-def damaged(draw):
+def damaged(draw, of=entries):
     """A valid value damaged after its head (frame + branch): what the fast path sees."""
-    entry = draw(entries)
+    entry = draw(of)
     value = bytearray(FAST.encode(entry))
     how = draw(st.sampled_from(["truncate", "flip", "append", "replace"]))
     if how == "truncate":
@@ -274,7 +283,7 @@ def _wanted(draw, kind):
 @PROPS
 @given(st.data())
 def test_a_projection_reads_the_fields_the_full_decode_reads(data):
-    entry = data.draw(entries)
+    entry = data.draw(calls | dones)  # projections are of calls and completions
     fields = data.draw(_wanted(type(entry)))
     head, project = FAST.projection(type(entry), fields)
     value = FAST.encode(entry)
@@ -285,7 +294,7 @@ def test_a_projection_reads_the_fields_the_full_decode_reads(data):
 
 
 @PROPS
-@given(damaged(), st.data())
+@given(damaged(calls | dones), st.data())
 def test_a_projection_fails_on_the_bodies_the_full_decode_fails_on(case, data):
     entry, value = case
     fields = data.draw(_wanted(type(entry)))
