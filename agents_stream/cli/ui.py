@@ -74,6 +74,10 @@ def run_ui(args: argparse.Namespace) -> int:
         app, bootstrap = app_and_broker(args)
         topic = app.action_state_topic
         codec = default_journal_codec(app.schema_registry_url, topic)
+        # As the worker: a cluster that does not answer (or refuses the login) ends the
+        # start within 10 s, rather than a console that retries forever; in one line,
+        # librdkafka's own "Connect ... failed" before it kept to --loglevel debug.
+        _reach(bootstrap, args.loglevel)
     except AgentsStreamError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -92,6 +96,19 @@ def run_ui(args: argparse.Namespace) -> int:
     finally:
         tailer.stop()
     return 0
+
+
+def _reach(bootstrap: str, level: str) -> None:
+    from ..kafka.admin import REACH_TIMEOUT, TopicAdmin
+
+    rdkafka = logging.getLogger("agents_stream.librdkafka")
+    kept = rdkafka.level
+    if level != "debug":
+        rdkafka.setLevel(logging.CRITICAL + 1)
+    try:
+        TopicAdmin(bootstrap, REACH_TIMEOUT).cluster_id()
+    finally:
+        rdkafka.setLevel(kept)
 
 
 async def _serve(web: Any, application: Any, host: str, port: int, allow_replay: bool) -> None:

@@ -30,10 +30,11 @@ from ..durable.journal import (
     ActionRef,
     CallEntry,
     CallStatus,
+    CompletionGroup,
     JournalEntry,
     MemorySnapshot,
 )
-from ..durable.keys import RECORD_KINDS, call_key, decode_identity, identity_fields
+from ..durable.keys import RECORD_KINDS, call_key, decode_identity, done_key, identity_fields
 from ..durable.output_identity import output_prefix
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,8 @@ class JournalIndex:
         self._recent: deque[SettledCall] = deque(maxlen=RECENT)
         self._unreadable: dict[bytes, Unreadable] = {}
         self._outputs: dict[int, bytes] = {}  # _output_slot -> the ActionDone's raw key
+        # completion group raw key -> (its offset, its members' (done key, record key))
+        self._groups: dict[bytes, tuple[int, list[tuple[bytes, str]]]] = {}
         self._counts = [0] * len(KINDS)
         self.positions: dict[int, int] = {}  # next offset to read, per partition
         self.caught_up = False
@@ -191,6 +194,9 @@ class JournalIndex:
                 return
             try:
                 entry = self._decode(raw_key, value)
+                if isinstance(entry, CompletionGroup):
+                    self._keep_group(raw_key, entry, partition, offset, value)
+                    return
             except Exception as exc:  # shown as unreadable, never fatal
                 shown = key if key is not None else raw_key.decode("utf-8", "replace")
                 reason = f"{type(exc).__name__}: {exc}"
@@ -212,6 +218,37 @@ class JournalIndex:
                 self._settled[raw_key] = settled
                 self._recent.append(SettledCall(entry, settled))
 
+    def _keep_group(
+        self, raw_key: bytes, group: CompletionGroup, partition: int, offset: int, value: bytes
+    ) -> None:
+        """A completion group (v7): each ActionDone indexed under its own done key, with
+        the group's value (decoded through :meth:`_read`), as a standalone one would be."""
+        members = []
+        for done in group.dones:
+            member, ref = done_key(done.ref), done.ref
+            self._forget(member, ref.key)
+            self._keep(member, ref.key, _COMPLETED, partition, offset, value)
+            members.append((member, ref.key))
+            if done.outputs:
+                self._outputs[_output_slot(ref.topic, ref.partition, ref.seq, ref.action)] = member
+        self._groups[raw_key] = (offset, members)
+
+    def _forget_group(self, raw_key: bytes) -> None:
+        offset, members = self._groups.pop(raw_key, (0, []))
+        for member, key in members:
+            stored = self._keys.get(key, {}).get(member)
+            if stored is not None and _HEAD.unpack_from(stored)[2] == offset:
+                self._forget(member, key)  # not replaced since by a record of its own
+
+    def _read(self, raw: bytes, value: bytes) -> JournalEntry:
+        """The entry stored under ``raw``: a group member's ActionDone out of its group."""
+        entry = self._decode(raw, value)
+        if isinstance(entry, CompletionGroup):
+            for done in entry.dones:
+                if done_key(done.ref) == raw:
+                    return done
+        return entry
+
     def _keep(
         self, raw_key: bytes, key: str | None, code: int, partition: int, offset: int, value: bytes
     ) -> None:
@@ -221,6 +258,8 @@ class JournalIndex:
         self._size += 1
 
     def _forget(self, raw_key: bytes, key: str | None) -> None:
+        if raw_key in self._groups:
+            self._forget_group(raw_key)
         bad = self._unreadable.pop(raw_key, None)
         name = bad.key if bad is not None else key
         group = self._other if name is None else self._keys.get(name)
@@ -260,7 +299,7 @@ class JournalIndex:
                 continue
             _, partition, offset = _HEAD.unpack_from(stored)
             try:
-                entry = self._decode(raw, stored[_HEAD.size :])
+                entry = self._read(raw, stored[_HEAD.size :])
             except Exception as exc:  # read once already: a codec that changed since
                 reason = f"{type(exc).__name__}: {exc}"
                 out.append(Unreadable(raw, key, partition, offset, reason))
@@ -345,7 +384,7 @@ class JournalIndex:
         if stored is None or raw in self._unreadable:
             return None
         try:
-            return self._decode(raw, stored[_HEAD.size :])
+            return self._read(raw, stored[_HEAD.size :])
         except Exception:  # unreadable now: not what the query names
             return None
 
@@ -378,15 +417,29 @@ class JournalTailer:
         self._thread.join(10)
 
     def _run(self) -> None:
+        said: str | None = None  # the error last logged: one line per change, not per retry
+
+        def reading() -> None:
+            nonlocal said
+            if said is not None:
+                log.info("reading %s again", self._topic)
+                said = None
+
         while not self._stop.is_set():
             try:
-                self._follow()
+                self._follow(reading)
             except Exception as exc:  # retried: the console stays up
-                self._index.error = f"{type(exc).__name__}: {exc}"
-                log.warning("reading %s: %s (retrying)", self._topic, exc)
+                from confluent_kafka import KafkaException
+
+                text = exc.args[0].str() if isinstance(exc, KafkaException) else str(exc)
+                self._index.error = text
+                if text != said:
+                    log.warning("cannot read %s: %s (retrying every 2 s)", self._topic, text)
+                    said = text
                 self._stop.wait(2.0)
 
-    def _follow(self) -> None:
+    def _follow(self, reading: Callable[[], None] | None = None) -> None:
+        """Read on until stopped; ``reading`` is called once the topic is assigned."""
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
         from ..kafka.config import reader_config
@@ -396,12 +449,14 @@ class JournalTailer:
         try:
             meta = consumer.list_topics(self._topic, timeout=10).topics.get(self._topic)
             if meta is None or meta.error is not None or not meta.partitions:
-                reason = meta.error if meta is not None and meta.error else "no partitions"
-                raise LookupError(f"topic {self._topic!r} cannot be read yet: {reason}")
+                reason = meta.error.str() if meta is not None and meta.error else "no partitions"
+                raise LookupError(f"topic {self._topic!r} cannot be read yet ({reason})")
             index = self._index
             starts = {p: index.positions.get(p, OFFSET_BEGINNING) for p in meta.partitions}
             consumer.assign([TopicPartition(self._topic, p, o) for p, o in starts.items()])
             index.error = None
+            if reading is not None:
+                reading()
             at_end: set[int] = set()
             while not self._stop.is_set():
                 msgs: list[Any] = consumer.consume(500, 0.5)
