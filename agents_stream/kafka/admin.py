@@ -45,10 +45,37 @@ _BROKER_PREFIX = re.compile(r"^\S+://\S+?: ")
 _AFTER = re.compile(r" \(after \d+ms in state \w+(, \d+ identical error\(s\) suppressed)?\)$")
 
 
+# "SASL PLAIN mechanism handshake failed: Broker: Unsupported SASL mechanism: broker's
+# supported mechanisms: SCRAM-SHA-512"
+_MECHANISMS = re.compile(r"SASL (\S+) mechanism handshake failed: .*supported mechanisms: ?(.*)$")
+
+
 def refusal(error: KafkaError, bootstrap: str) -> str | None:
     """One line naming what the cluster refused and the setting to fix, for an
     authentication or TLS error librdkafka reported (None for any other error)."""
     text = _AFTER.sub("", _BROKER_PREFIX.sub("", scrub(error.str())))
+    mechanisms = _MECHANISMS.search(text) if error.code() == KafkaError._AUTHENTICATION else None
+    if mechanisms is not None:
+        wanted, offered = mechanisms.group(1), mechanisms.group(2).strip()
+        if wanted in offered.replace(",", " ").split():
+            # No user name or password is at fault: the embedded broker (tansu) has no
+            # SASL, and answers a handshake refusing the very mechanism it lists.
+            return (
+                f"the Kafka cluster at {bootstrap} has no SASL ({text}): it answers as the "
+                "embedded broker (agents-stream broker) does, which has no SASL nor TLS; "
+                "connect with security.protocol=PLAINTEXT and no sasl.* settings in "
+                f"{_CONFIG_WHERE}"
+            )
+        if not offered:  # Apache Kafka's PLAINTEXT listener
+            return (
+                f"the Kafka cluster at {bootstrap} offers no SASL on that listener ({text}): "
+                "connect to its SASL listener, or with security.protocol=PLAINTEXT and no "
+                f"sasl.* settings, in {_CONFIG_WHERE}"
+            )
+        return (
+            f"the Kafka cluster at {bootstrap} does not offer SASL {wanted} ({text}): set "
+            f"sasl.mechanism to one it offers ({offered}) in {_CONFIG_WHERE}"
+        )
     if error.code() == KafkaError._AUTHENTICATION:
         return (
             f"the Kafka cluster at {bootstrap} refused authentication ({text}): fix "
