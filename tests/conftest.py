@@ -63,7 +63,12 @@ class _External:
 AnyBroker = _Embedded | KafkaBroker | _External
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    if not pluginmanager.hasplugin("timeout"):
+        # pyproject's `timeout = 300` is pytest-timeout's (a dev dependency); without the
+        # plugin pytest warned "Unknown config option: timeout" on every run. Declared
+        # here it is read by nobody: tests then run without a time limit.
+        parser.addini("timeout", "per-test time limit in seconds (pytest-timeout's)")
     parser.addoption(
         "--broker",
         choices=["embedded", "kafka", "both"],
