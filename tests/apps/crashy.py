@@ -166,6 +166,13 @@ class Crashy(Agent):
         elif scenario == "reconcile":  # (b)
             charge = ctx.execute(Charge(), n)
             ctx.send_event(OutputEvent(output={"n": n, "charge": charge}))
+        elif scenario == "charge-after-calls":  # the rolling upgrade: calls, then PENDING
+            fetched = ctx.execute(step, "fetch", n)
+            scored = ctx.execute(step, "score", n)
+            charge = ctx.execute(Charge(), n)
+            ctx.send_event(
+                OutputEvent(output={"n": n, "results": [fetched, scored], "charge": charge})
+            )
         elif scenario == "reconcile-zero":  # (b) the Flink Agents form: no arguments
             charge_id = ctx.ref.call_id(app.id, 0)
 
