@@ -28,13 +28,28 @@ def test_golden_values_decode_to_rows(path):
     row = decode_record(default_journal_codec(), SLOT, path.read_bytes())
     assert row["kind"] != "undecodable", row.get("error")
     if row["kind"] in ("call", "done", "truncation"):
-        # v5 "-topic" cases name input record 43 of topic user-events
-        seq = 43 if path.stem.endswith("-topic") else 42
+        # v5 "-topic" cases name input record 43 of topic user-events; so does a v7
+        # completion group's first ActionDone
+        seq = 43 if path.stem.endswith(("-topic", "completion-group")) else 42
         assert (row["key"], row["seq"], row["action_name"]) == ("user-1", seq, "Scoring.process")
     if "call-pending" in path.name:
         assert row["status"] == "PENDING"
     if "call-failed" in path.name:
         assert row["status"] == "FAILED" and row["exception_type"]
+
+
+def test_a_completion_group_is_a_row_per_action_done():
+    value = (GOLDEN / "v7-completion-group.bin").read_bytes()
+    batch = pa.RecordBatch.from_pylist(
+        [{"key": b"g", "value": value, "partition": 3, "offset": 9, "timestamp_ms": 5}]
+    )
+    [out] = list(decode_batches([batch], include_raw=True))
+    rows = out.to_pylist()
+    assert [(r["kind"], r["key"], r["seq"], r["offset"]) for r in rows] == [
+        ("done", "user-1", 43, 9),
+        ("done", "user-2", 44, 9),
+    ]
+    assert all(r["raw_value"] == value for r in rows)
 
 
 def test_garbage_names_its_slot_and_batches_keep_the_schema():
