@@ -18,7 +18,7 @@ import itertools
 import secrets
 import time
 
-from .journal import ActionDone, CompletionGroup, groupable
+from .journal import ActionDone, CompletionGroup
 
 # A group's records and bytes (outputs and memory values; the rest of an ActionDone is
 # ~100 bytes): well under Kafka's default max.message.bytes (1 MiB).
@@ -50,14 +50,24 @@ def grouped_dones(
     firings', pre-v5 refs', a topic's only one)."""
     by_topic: dict[str, list[ActionDone]] = {}
     alone: list[ActionDone] = []
-    for done in dones:
-        if groupable(done):
-            by_topic.setdefault(done.ref.topic, []).append(done)
+    for done in dones:  # journal.groupable, inlined: once per finished record
+        ref = done.ref
+        if ref.seq >= 0 and ref.topic and "\x1f" not in ref.key:
+            members = by_topic.get(ref.topic)
+            if members is None:
+                by_topic[ref.topic] = [done]
+            else:
+                members.append(done)
         else:
             alone.append(done)
     groups: list[CompletionGroup] = []
     now = int(time.time() * 1000)
     for topic, members in by_topic.items():
+        if len(members) <= GROUP_RECORDS:
+            size = 100 * len(members) + sum([len(o) for d in members for o in d.outputs])
+            if size <= GROUP_BYTES and not any([d.memory_updates for d in members]):
+                _close(groups, alone, topic, partition, members, now)  # the common case
+                continue
         chunk: list[ActionDone] = []
         size = 0
         for done in members:

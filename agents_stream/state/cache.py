@@ -146,9 +146,8 @@ class PartitionCache:
         self._slots = self._load_index() if index_slots else None
         self._members_of = members_of
         self._groups_stale = False  # a replay wrote group rows: membership read again
-        self._groups: dict[bytes, set[bytes]] = {}  # group key -> live member done keys
+        self._groups: dict[bytes, int] = {}  # group key -> members not pruned
         self._group_of: dict[bytes, bytes] = {}  # member done key -> group key
-        self._by_record: dict[bytes, set[bytes]] = {}  # ``key SEP seq SEP`` -> members
         self._standalone: set[bytes] = set()  # members with a row of their own too
         self._load_groups()
 
@@ -162,8 +161,7 @@ class PartitionCache:
     # read back from the group rows on open and after a rebuild.
 
     def _load_groups(self) -> None:
-        self._groups, self._group_of, self._by_record = {}, {}, {}
-        self._standalone = set()
+        self._groups, self._group_of, self._standalone = {}, {}, set()
         if self._members_of is None:
             return
         for key, value in self.rocksdb_scan(_GROUP_HEAD):
@@ -173,37 +171,34 @@ class PartitionCache:
         self._standalone = {m for m in self._group_of if self.db.get(m) is not None}
 
     def _add_group(self, key: bytes, members: Sequence[bytes]) -> None:
+        of = self._group_of
+        if key in self._groups:  # the same group applied again (a replayed suffix)
+            for member in [m for m, g in of.items() if g == key]:
+                del of[member]
+        of.update(dict.fromkeys(members, key))
+        self._groups[key] = len(members)
         live = self._slots
-        found = self._groups.get(key)
-        if found is None:
-            self._groups[key] = found = set()
-        for member in members:
-            found.add(member)
-            self._group_of[member] = key
-            record = _record_of(member)
-            if record is not None:
-                self._by_record.setdefault(record, set()).add(member)
-            if live is not None and not _index_key(live, member):
-                self._slots = live = None  # past the limit: lookups read RocksDB
-                self._dropped_at = time.monotonic()
+        if live is not None:
+            for member in members:
+                if not _index_key(live, member):
+                    self._slots = None  # past the limit: lookups read RocksDB
+                    self._dropped_at = time.monotonic()
+                    break
 
-    def _forget_member(self, member: bytes) -> None:
+    def _drop_group(self, key: bytes) -> None:
+        """The group's row is deleted: its members too (none are left when this cache
+        pruned them itself; a tombstone from elsewhere, e.g. ``state tombstone``, may
+        leave some)."""
+        if self._groups.pop(key, 0):
+            for member in [m for m, g in self._group_of.items() if g == key]:
+                self._forget(member)
+
+    def _forget(self, member: bytes) -> None:
         del self._group_of[member]
-        record = _record_of(member)
-        found = self._by_record.get(record) if record is not None else None
-        if found is not None:
-            found.discard(member)
-            if not found:
-                del self._by_record[record]  # type: ignore[arg-type]
         if member in self._standalone:
             self._standalone.discard(member)  # its row's tombstone unindexes it
         else:
             self._unindex(member)
-
-    def _drop_group(self, key: bytes) -> None:
-        for member in self._groups.pop(key, ()):
-            if self._group_of.get(member) == key:
-                self._forget_member(member)
 
     def _unindex(self, key: bytes) -> None:
         live = self._slots
@@ -220,33 +215,43 @@ class PartitionCache:
         """The key of the completion group holding the ActionDone of ``done_key``."""
         return self._group_of.get(done_key)
 
-    def is_virtual(self, key: bytes) -> bool:
-        """Whether ``key`` is a group member's done key with no row of its own (nothing
-        to tombstone in the topic)."""
-        return key in self._group_of and key not in self._standalone
-
-    def drop_records(self, records: Sequence[tuple[int, str]], topic: str) -> list[bytes]:
-        """Forget the group members of input records ``(seq, key)`` of ``topic`` (they
-        are committed); returns the keys of the groups left with no member, to
-        tombstone."""
+    def pruned(
+        self, doomed: list[bytes], records: Sequence[tuple[int, str]], topic: str
+    ) -> list[bytes]:
+        """What to tombstone in the topic when input records ``(seq, key)`` of ``topic``
+        are pruned, given their live keys ``doomed`` (:meth:`record_keys`, or a scan):
+        ``doomed`` less the group members' done keys (no row of their own: forgotten
+        here), plus the keys of the groups left with no member."""
+        of = self._group_of
+        if not of:
+            return doomed
+        if self._slots is None:  # no index: the members are not among ``doomed``
+            doomed = doomed + self._members_of_records(records, topic)
+        groups, standalone = self._groups, self._standalone
+        out = []
         emptied = []
-        tail = topic.encode() + _SEP
-        for seq, key in records:
-            found = self._by_record.get(f"{key}\x1f{seq}\x1f".encode())
-            if not found:
+        for key in doomed:
+            group = of.get(key)
+            if group is None:
+                out.append(key)
                 continue
-            for member in tuple(found):
-                record = _record_of(member)
-                if record is None or not member.startswith(tail, 2 + len(record)):
-                    continue  # another topic's record at the same key and offset
-                group = self._group_of.get(member)
-                self._forget_member(member)
-                members = self._groups.get(group) if group is not None else None
-                if members is not None and group is not None:
-                    members.discard(member)
-                    if not members:
-                        emptied.append(group)
-        return emptied
+            del of[key]
+            if key in standalone:
+                standalone.discard(key)
+                out.append(key)  # its own row too: tombstoned, unindexed on its ack
+            else:
+                self._unindex(key)
+            left = groups[group] - 1
+            groups[group] = left
+            if not left:
+                emptied.append(group)
+        return out + emptied if emptied else out
+
+    def _members_of_records(self, records: Sequence[tuple[int, str]], topic: str) -> list[bytes]:
+        """Without the index: the member done keys of ``records`` of ``topic``, by a
+        pass over every member (the index is only dropped past SLOT_INDEX_LIMIT)."""
+        heads = {f"a\x1f{key}\x1f{seq}\x1f{topic}\x1f".encode() for seq, key in records}
+        return [m for m in self._group_of if m[: m.rfind(_SEP) + 1] in heads]
 
     def drop_below(self, topic: str, offset: int) -> list[bytes]:
         """Forget the group members of ``topic`` that are input records below ``offset``
@@ -255,17 +260,12 @@ class PartitionCache:
         with no member left, to tombstone (also those a crash between a commit and its
         prune, or a lost tombstone, left behind)."""
         head = _GROUP_HEAD + topic.encode() + _SEP
-        emptied = []
-        for key, members in self._groups.items():
-            if not key.startswith(head):
-                continue
-            for member in [m for m in members if _seq_of(m) < offset]:
-                members.discard(member)
-                if self._group_of.get(member) == key:
-                    self._forget_member(member)
-            if not members:
-                emptied.append(key)
-        return emptied
+        groups = self._groups
+        for member, key in list(self._group_of.items()):
+            if key.startswith(head) and _seq_of(member) < offset:
+                self._forget(member)
+                groups[key] -= 1
+        return [key for key, left in groups.items() if key.startswith(head) and left <= 0]
 
     # -- live per-record entries ----------------------------------------------------------
     # Every action run asks the cache whether it already ran (its ActionDone) and what it
@@ -367,8 +367,7 @@ class PartitionCache:
         self._checkpoint = 0
         if self._slots is not None:
             self._slots = {}
-        self._groups, self._group_of, self._by_record = {}, {}, {}
-        self._standalone = set()
+        self._groups, self._group_of, self._standalone = {}, {}, set()
 
     def mark_uncommitted(self) -> None:
         """Before the first record of a transaction reaches this cache (see
@@ -418,11 +417,16 @@ class PartitionCache:
             if live is not None:
                 log.info("%s: live-entry index loaded again (%d records)", self.path, len(live))
         writes: dict[bytes, bytes | None] = {}
+        of = self._group_of
         if live is not None:
             # Per-record keys, the last write of each (as in RocksDB); puts noted now.
             writes = {k: v for k, v in records if k[:2] in _RECORD_HEADS}
             for key, value in writes.items():
-                if value is not None and not _index_key(live, key):
+                if value is None:
+                    continue
+                if key in of:  # a group member's own row (an emitted marker)
+                    self._standalone.add(key)
+                if not _index_key(live, key):
                     self._slots = live = None  # past the limit
                     self._dropped_at = time.monotonic()
                     log.info(
@@ -439,8 +443,7 @@ class PartitionCache:
             for key, value in groups:
                 if value is not None:  # members noted before RocksDB has the group
                     self._add_group(key, self._members_of(key, value))
-            if self._group_of:  # a member's own row (an emitted marker): pruned by key
-                of = self._group_of
+            if of and live is None:  # a member's own row (an emitted marker): by key
                 self._standalone.update(
                     k for k, v in records if v is not None and k in of and k[:2] == b"a\x1f"
                 )

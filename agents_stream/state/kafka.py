@@ -382,8 +382,7 @@ class KafkaActionStateStore(ActionStateStore):
             # Completion groups: a member's done key has no record of its own in the
             # topic; its group is tombstoned once its last member is committed.
             with self._lock:
-                doomed = [k for k in doomed if not cache.is_virtual(k)]
-                doomed += cache.drop_records(records, topic)
+                doomed = cache.pruned(doomed, records, topic)
         if not doomed:
             return
         # Nobody waits for these: a lost tombstone only leaves an entry behind, so the

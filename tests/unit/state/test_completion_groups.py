@@ -44,6 +44,20 @@ def cache_at(path: Path) -> PartitionCache:
     return PartitionCache(path, members_of=members_of)
 
 
+def prune(cache: PartitionCache, records: list[tuple[int, str]], topic: str = TOPIC) -> list:
+    """What the store tombstones when ``records`` are committed (prune_records)."""
+    doomed = cache.record_keys(records, topic)
+    if doomed is None:
+        doomed = cache.keys_under(
+            [p for s, k in records for p in keys.record_prefixes(k, s, topic)]
+        )
+    return cache.pruned(doomed, records, topic)
+
+
+def is_virtual(cache: PartitionCache, key: bytes) -> bool:
+    return cache.group_of(key) is not None and key not in cache._standalone
+
+
 def test_members_are_found_under_their_done_keys(tmp_path: Path) -> None:
     cache = cache_at(tmp_path / "p0")
     key, value, group = group_record([10, 11, 12])
@@ -51,7 +65,7 @@ def test_members_are_found_under_their_done_keys(tmp_path: Path) -> None:
     for member in group.dones:
         done_key = keys.done_key(member.ref)
         assert cache.group_of(done_key) == key
-        assert cache.is_virtual(done_key)
+        assert is_virtual(cache, done_key)
         assert not cache.holds_nothing_of(member.ref.key, member.ref.seq)
         assert cache.get(done_key) is None  # no row of its own: read from the group
     assert cache.holds_nothing_of("k0", 13)
@@ -61,10 +75,10 @@ def test_the_group_is_returned_once_its_last_member_is_pruned(tmp_path: Path) ->
     cache = cache_at(tmp_path / "p0")
     key, value, _ = group_record([10, 11, 12])
     cache.apply([(key, value)], 1)
-    assert cache.drop_records([(10, "k1"), (11, "k2")], TOPIC) == []
-    assert cache.drop_records([(12, "k1")], TOPIC) == []  # not a member: k0 is
-    assert cache.drop_records([(12, "k0")], "other-topic") == []
-    assert cache.drop_records([(12, "k0")], TOPIC) == [key]
+    assert prune(cache, [(10, "k1"), (11, "k2")]) == []
+    assert prune(cache, [(12, "k1")]) == []  # not a member: k0 is
+    assert prune(cache, [(12, "k0")], "other-topic") == []
+    assert prune(cache, [(12, "k0")]) == [key]
     assert cache.holds_nothing_of("k0", 12)
     cache.apply([(key, None)], 2)  # the tombstone
     assert not cache.rocksdb_scan(keys.GROUPS_PREFIX)
@@ -93,10 +107,14 @@ def test_a_member_with_a_row_of_its_own_is_tombstoned_by_key(tmp_path: Path) -> 
     cache.apply([(key, value)], 1)
     marker = keys.done_key(group.dones[0].ref)
     cache.apply([(marker, CODEC.encode(group.dones[0]))], 2)
-    assert not cache.is_virtual(marker)
+    assert not is_virtual(cache, marker)
     assert cache.get(marker) is not None
     cache.close()
-    assert not cache_at(tmp_path / "p0").is_virtual(marker)
+    reopened = cache_at(tmp_path / "p0")
+    assert not is_virtual(reopened, marker)
+    # Pruned: the marker's own row is tombstoned, the group once both are gone.
+    assert prune(reopened, [(30, "k0")]) == [marker]
+    assert prune(reopened, [(31, "k1")]) == [key]
 
 
 def test_members_below_a_marker_are_dropped_on_assignment(tmp_path: Path) -> None:
@@ -107,7 +125,7 @@ def test_members_below_a_marker_are_dropped_on_assignment(tmp_path: Path) -> Non
     assert cache.drop_below("other", 10) == []
     assert cache.drop_below(TOPIC, 4) == [low]  # 3 dropped, 9 is not committed
     assert cache.group_of(keys.done_key(done(9).ref)) == high
-    assert cache.drop_records([(9, "k0")], TOPIC) == [high]
+    assert prune(cache, [(9, "k0")]) == [high]
 
 
 def test_groups_hold_input_records_of_one_topic_only() -> None:
@@ -141,8 +159,23 @@ ops = st.lists(
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(ops)
-def test_completion_commit_prune_and_restart_against_a_model(tmp_path: Path, steps) -> None:
+@given(ops, st.booleans())
+def test_completion_commit_prune_and_restart_against_a_model(
+    tmp_path: Path, steps, small_index: bool
+) -> None:
+    """``small_index``: past SLOT_INDEX_LIMIT the live-entry index is dropped and pruning
+    finds a group's members without it."""
+    from agents_stream.state import cache as cache_module
+
+    limit = cache_module.SLOT_INDEX_LIMIT
+    cache_module.SLOT_INDEX_LIMIT = 3 if small_index else limit
+    try:
+        _model(tmp_path, steps)
+    finally:
+        cache_module.SLOT_INDEX_LIMIT = limit
+
+
+def _model(tmp_path: Path, steps) -> None:
     import tempfile
 
     root = Path(tempfile.mkdtemp(dir=tmp_path))  # one per example
@@ -187,7 +220,7 @@ def _run_model(root: Path, steps, opened: list[PartitionCache]) -> None:
             position = min(next_seq, committed + n)
             records = [(s, live[s]) for s in sorted(live) if s < position]
             committed = max(committed, position)
-            emptied = cache.drop_records(records, TOPIC)
+            emptied = [k for k in prune(cache, records) if k.startswith(keys.GROUPS_PREFIX)]
             for seq, _ in records:
                 del live[seq]
                 for members in groups.values():
