@@ -120,6 +120,11 @@ class ActionStateStore(ABC):
         them as standalone ActionDones."""
         return self.append(list(group.dones), group.partition)
 
+    def pin(self, topic: str, partition: int, seq: int, key: str) -> None:  # noqa: B027
+        """The journal of input record ``(key, seq)`` of ``topic`` is kept past its
+        commit (a dead letter, whose replay meets it): a store that groups completions
+        gives that record's a row of its own. Nothing by default."""
+
     def prune_below(self, topic: str, partition: int, offset: int) -> int:
         """Prune what records of ``topic`` below completed-through ``offset`` left
         behind (called on assignment); how many journal records. Nothing by default."""

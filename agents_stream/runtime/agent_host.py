@@ -254,6 +254,7 @@ class AgentHost:
         msg = record.source
         if record.seq != msg.offset():
             self.kept.add((msg.partition(), msg.offset()))
+            self.runner.store.pin(msg.topic(), msg.partition(), record.seq, record.key)
 
     def _replayed_seq(self, msg: Message, headers: dict[str, bytes]) -> int | None:
         """The original offset of a replayed record of this partition, else None."""
@@ -338,6 +339,12 @@ class AgentHost:
         self.counts[f"failed:{stage}"] += 1
         await acked(self._dlq.send(msg, stage, exc))
         self.kept.add((msg.partition(), msg.offset()))
+        # Its replay meets its journal: a completion it has in a group is given a row of
+        # its own, which outlives the group (pruned below the completed-through marker).
+        key = msg.key()
+        self.runner.store.pin(
+            msg.topic(), msg.partition(), msg.offset(), "" if key is None else key.decode()
+        )
 
 
 def _replayed_failure(exc: BaseException | None) -> int:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from ..durable import faultpoints
 from ..durable.ownership import OwnershipLost
 from ..errors import KafkaIOError
 from ..kafka.transactions import TransactionFailed
@@ -188,6 +189,8 @@ class Commits:
         if offsets.fence:
             agents = {}
         markers = progress.markers(agents) if progress is not None and agents else []
+        if faultpoints.POINTS and held:
+            faultpoints.reached("commit")
         marked = self._w.committer.commit(held, markers, asynchronous=asynchronous)
         if marked and progress is not None:
             progress.written(markers, self._w.partitions)
@@ -266,6 +269,8 @@ class Commits:
         """Kafka thread: tombstone the ActionStates of committed records."""
         if self._w.store is None or not self._w.app.prune_completed:
             return
+        if faultpoints.POINTS and done:
+            faultpoints.reached("prune")
         for (topic, partition), records in done.items():
             if topic not in self._w._agents:
                 continue

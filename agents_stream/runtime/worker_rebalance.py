@@ -153,11 +153,12 @@ class Rebalance:
                 log.info("not taking %s: %s", _fmt(partitions), exc)
                 return
         for tp in partitions:
+            through = None
             if tp.topic in self._w._agents and self._w.store is not None:
                 if self.state_refs[tp.partition] == 0:
                     replayed += self._w.store.assign(tp.partition)
                 self.state_refs[tp.partition] += 1
-                self._load_progress(tp.topic, tp.partition)
+                through = self._load_progress(tp.topic, tp.partition)
                 name = self._w._agents[tp.topic].name
                 timers = [t for t in self._w.store.timers(tp.partition) if t.agent == name]
                 arm_at, first, committed = input_end(
@@ -171,6 +172,10 @@ class Rebalance:
                 part = self.held(tp.topic, tp.partition, -1, None)
             self._w.partitions[(tp.topic, tp.partition)] = part
             self._w.ownership.acquire(tp.topic, tp.partition)
+            if through is not None and self._w.app.prune_completed and self._w.store is not None:
+                # Held now: what a crash between a commit and its prune left of
+                # completion groups below the marker is tombstoned.
+                self._w.store.prune_below(tp.topic, tp.partition, through)
         if self._w.intake.paused:
             consumer.pause(partitions)
         self._w.rebuilding = 0
@@ -199,11 +204,11 @@ class Rebalance:
             stats=self._w.stats,
         )
 
-    def _load_progress(self, topic: str, partition: int) -> None:
+    def _load_progress(self, topic: str, partition: int) -> int | None:
         """Kafka thread, after the cache rebuild: the partition's completed-through marker
         (records below it are skipped, see ``host/progress.py``)."""
         assert self._w.progress is not None
-        self._w.progress.load(topic, partition, prune=self._w.app.prune_completed)
+        return self._w.progress.load(topic, partition)
 
     def on_revoke(
         self, consumer: Consumer, partitions: list[TopicPartition], *, lost: bool = False

@@ -226,7 +226,7 @@ class PartitionCache:
         if not of:
             return doomed
         if self._slots is None:  # no index: the members are not among ``doomed``
-            doomed = doomed + self._members_of_records(records, topic)
+            doomed = doomed + self.members_of_records(records, topic)
         groups, standalone = self._groups, self._standalone
         out = []
         emptied = []
@@ -247,7 +247,11 @@ class PartitionCache:
                 emptied.append(group)
         return out + emptied if emptied else out
 
-    def _members_of_records(self, records: Sequence[tuple[int, str]], topic: str) -> list[bytes]:
+    def group_of_any(self) -> bool:
+        """Whether any completion group has a member here."""
+        return bool(self._group_of)
+
+    def members_of_records(self, records: Sequence[tuple[int, str]], topic: str) -> list[bytes]:
         """Without the index: the member done keys of ``records`` of ``topic``, by a
         pass over every member (the index is only dropped past SLOT_INDEX_LIMIT)."""
         heads = {f"a\x1f{key}\x1f{seq}\x1f{topic}\x1f".encode() for seq, key in records}

@@ -389,6 +389,26 @@ class KafkaActionStateStore(ActionStateStore):
         # whole commit's tombstones of a partition go as one untracked group.
         self._producer.send_untracked(self.topic, [(k, None) for k in doomed], partition)
 
+    def pin(self, topic: str, partition: int, seq: int, key: str) -> None:
+        """A kept record's ActionDones held by completion groups, appended on their own
+        (not awaited): a group is tombstoned once its other members are committed, or
+        forgotten below the completed-through marker on assignment, and the record's
+        dead-letter replay must still find them."""
+        cache = self._caches.get(partition)
+        if cache is None or not cache.group_of_any():
+            return
+        copies = []
+        for member in cache.members_of_records([(seq, key)], topic):
+            group_key = cache.group_of(member)
+            raw = cache.db.get(group_key) if group_key is not None else None
+            if raw is None:
+                continue
+            group = self._decode(group_key, raw)  # type: ignore[arg-type]
+            if isinstance(group, CompletionGroup):
+                copies += [d for d in group.dones if keys.done_key(d.ref) == member]
+        if copies and (self.ownership is None or self.ownership.holds(partition)):
+            self.append(copies, partition)
+
     def prune_below(self, topic: str, partition: int, offset: int) -> int:
         """On assignment: forget the completion-group members of ``topic`` below
         ``offset`` (the completed-through marker: committed, maybe pruned by the last
@@ -399,6 +419,11 @@ class KafkaActionStateStore(ActionStateStore):
             return 0
         with self._lock:
             doomed = cache.drop_below(topic, offset)
+        if doomed:
+            log.info(
+                "%s[%d]: %d completion group(s) of records below completed-through marker "
+                "%d left by the last owner: tombstoned", topic, partition, len(doomed), offset,
+            )  # fmt: skip
         if doomed:
             self._producer.send_untracked(self.topic, [(k, None) for k in doomed], partition)
         return len(doomed)
