@@ -47,11 +47,12 @@ from ..agent import ActionSpec, Agent
 from ..errors import PartialSendError
 from ..events import Event, EventError, InputEvent, TimerEvent
 from ..tracing import traced_actions
-from . import faultpoints
 from .acks import acked
 from .bridge import run_bridged, run_coroutine_bridged
 from .context import ContextConfig, RunnerContext
 from .errors import KeylessRecordError
+from .faultpoints import POINTS as FAULT_POINTS
+from .faultpoints import reached as fault_reached
 from .groups import grouped_dones
 from .journal import (
     ActionDone,
@@ -426,8 +427,8 @@ class ActionRunner:
         """The outputs of acked ActionDones of ``partition`` (one record's, or a group
         commit's) in one send; once they are acked, their emitted markers in one append
         (not awaited: a lost marker only means the outputs may be sent once more)."""
-        if faultpoints.POINTS:
-            faultpoints.reached("outputs")
+        if FAULT_POINTS:
+            fault_reached("outputs")
         stored = self.sends_stored
         sent = self.sink.send_batch(
             [

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from ..durable import faultpoints
+from ..durable.faultpoints import POINTS as FAULT_POINTS
+from ..durable.faultpoints import reached as fault_reached
 from ..durable.ownership import OwnershipLost
 from ..errors import KafkaIOError
 from ..kafka.transactions import TransactionFailed
@@ -189,8 +190,8 @@ class Commits:
         if offsets.fence:
             agents = {}
         markers = progress.markers(agents) if progress is not None and agents else []
-        if faultpoints.POINTS and held:
-            faultpoints.reached("commit")
+        if FAULT_POINTS and held:
+            fault_reached("commit")
         marked = self._w.committer.commit(held, markers, asynchronous=asynchronous)
         if marked and progress is not None:
             progress.written(markers, self._w.partitions)
@@ -269,8 +270,8 @@ class Commits:
         """Kafka thread: tombstone the ActionStates of committed records."""
         if self._w.store is None or not self._w.app.prune_completed:
             return
-        if faultpoints.POINTS and done:
-            faultpoints.reached("prune")
+        if FAULT_POINTS and done:
+            fault_reached("prune")
         for (topic, partition), records in done.items():
             if topic not in self._w._agents:
                 continue
