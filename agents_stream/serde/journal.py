@@ -253,6 +253,14 @@ class JournalCodec:
         self._projections[(kind, fields)] = found
         return found
 
+    @property
+    def writes_groups(self) -> bool:
+        """Whether the writer schema has the CompletionGroup branch (v7+): a codec
+        pinned to an older newest version (``AGENTS_STREAM_SCHEMAS_DIR``, a release
+        being rolled to) writes completions one ActionDone at a time."""
+        branches = self.serde.writer.parsed["fields"][0]["type"]
+        return any(isinstance(b, dict) and b.get("name") == GROUP for b in branches)
+
     def current_header(self) -> bytes:
         """The frame prefix of records this codec writes without a registry (records
         that start with it need no :meth:`check`); ``b""`` when a registry frames them

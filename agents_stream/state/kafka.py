@@ -88,6 +88,7 @@ class KafkaActionStateStore(ActionStateStore):
         # Completion groups appended, not yet acked: their members' done keys, so that
         # applying the ack does not decode what was just encoded.
         self._pending_groups: dict[bytes, list[bytes]] = {}
+        self._groups_written = codec.writes_groups
 
     def use_transactions(self, producer: TransactionalProducer) -> None:
         """Exactly-once: ActionDones, memory snapshots, timers and completed-through
@@ -296,7 +297,9 @@ class KafkaActionStateStore(ActionStateStore):
 
     def append_group(self, group: CompletionGroup) -> Future[None]:
         """Append one completion group (its members found by their done keys once it
-        is acked)."""
+        is acked); as standalone ActionDones when the codec writes a schema before v7."""
+        if not self._groups_written:
+            return super().append_group(group)
         key = keys.entry_key_bytes(group)
         self._pending_groups[key] = [keys.done_key(d.ref) for d in group.dones]
         try:

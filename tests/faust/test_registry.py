@@ -33,7 +33,7 @@ def test_faust_host_registers_at_startup_and_stops_on_a_refusal(
     app_id, inp, out = topic_factory("faust"), topic_factory("in"), topic_factory("out")
     subject = f"{app_id}-action-state-value"
     client = registry_client(url)
-    client.set_compatibility(subject, "FULL")  # v6 is not FULL-compatible with v1-v3
+    client.set_compatibility(subject, "FULL")  # v7 is not FULL-compatible with v1-v3
     for version in load_versions(JOURNAL_RECORD_TYPE)[:3]:
         ensure_registered(url, subject, version)
     create_topics(broker.bootstrap, [inp], partitions=2)
@@ -69,7 +69,7 @@ def test_faust_host_registers_at_startup_and_stops_on_a_refusal(
 
     client.set_compatibility(subject, "NONE")  # the operator fixes the rule
     accepted = faust_factory(MODULE, env)
-    wait_log(accepted, "registered ActionState v6 as id", timeout=90)
+    wait_log(accepted, "registered ActionState v7 as id", timeout=90)
     [receipt] = wait_for_records(broker.bootstrap, out, 1, timeout=90)
     assert json.loads(receipt.value)["n"] == 7
     assert "CRITICAL" not in accepted.log()

@@ -254,3 +254,13 @@ def _run_model(root: Path, steps, opened: list[PartitionCache]) -> None:
             assert group_key is not None and cache.db.get(group_key) is not None, seq
         assert {k for k, _ in cache.rocksdb_scan(keys.GROUPS_PREFIX)} == set(groups)
     cache.close()
+
+
+def test_a_codec_pinned_before_v7_writes_no_groups() -> None:
+    from agents_stream.serde.avro import AvroSerde
+    from agents_stream.serde.journal import JournalCodec
+    from agents_stream.serde.schemas import JOURNAL_RECORD_TYPE, load_versions
+
+    versions = load_versions(JOURNAL_RECORD_TYPE)
+    assert CODEC.writes_groups
+    assert not JournalCodec(AvroSerde(versions[:6])).writes_groups  # a release rolled to
