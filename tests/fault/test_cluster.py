@@ -325,11 +325,17 @@ def test_coordinator_and_leader_faults(cluster, tmp_path, capsys, guarantee, pro
         fault("two of three nodes (below min ISR)",
               [n for n in (1, 2, 3) if n != survivor], True, 20)  # fmt: skip
         for f in fleets:
-            said, warnings = [], []
+            said, warnings, idle = [], [], []
             for w, mark in zip(f.workers, marks[f.guarantee], strict=True):
                 lines = w.log()[mark:].splitlines()
                 said.append(sum(1 for line in lines if any(p in line for p in waiting)))
                 warnings.append(sum(1 for line in lines if "] WARNING " in line))
+                # A worker whose partitions were all given up (lost in the faults before,
+                # waiting for the group to confirm) has no write to wait on (seen once in
+                # ten runs under exactly-once): it says nothing, and that is right.
+                idle.append(
+                    any("treated as lost until the group confirms" in line for line in lines)
+                )
             after = [f.metric(c) for c in counters]
             then = before[f.guarantee]
             moved = [
@@ -341,10 +347,12 @@ def test_coordinator_and_leader_faults(cluster, tmp_path, capsys, guarantee, pro
                 f"on {said}, WARNING lines in all {warnings}, stalls and blocked calls "
                 f"counted {moved}"
             )
-            assert all(n >= 1 for n in said), (said, logs(f.workers))
+            assert any(n >= 1 for n in said), (said, logs(f.workers))
+            assert all(n >= 1 or i for n, i in zip(said, idle, strict=True)), (said, idle)
             # About the outage, not about each of the ~400 records fed meanwhile.
             assert all(n <= 40 for n in warnings), (warnings, logs(f.workers))
-            assert all(m >= 1 for m in moved), (moved, logs(f.workers))
+            assert any(m >= 1 for m in moved), (moved, logs(f.workers))
+            assert all(m >= 1 or i for m, i in zip(moved, idle, strict=True)), (moved, idle)
             assert f.metric("dead_letters_total") == [0.0, 0.0], logs(f.workers)
 
         fault("whole cluster restart", [1, 2, 3], False, 5)
