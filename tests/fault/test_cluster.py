@@ -331,8 +331,8 @@ def test_coordinator_and_leader_faults(cluster, tmp_path, capsys, guarantee, pro
                 said.append(sum(1 for line in lines if any(p in line for p in waiting)))
                 warnings.append(sum(1 for line in lines if "] WARNING " in line))
                 # A worker whose partitions were all given up (lost in the faults before,
-                # waiting for the group to confirm) has no write to wait on (seen once in
-                # ten runs under exactly-once): it says nothing, and that is right.
+                # waiting for the group to confirm) has no write to wait on (seen once, on
+                # 2026-12-02 under exactly-once): it says nothing, and that is right.
                 idle.append(
                     any("treated as lost until the group confirms" in line for line in lines)
                 )
