@@ -270,12 +270,13 @@ class App:
         self.async_ios.append(binding)
         return binding
 
-    def test_context(self, *, code_block_threads: int = 8) -> AgentTestContext:
+    def test_context(self, *, code_block_threads: int = 8, settle: bool = True) -> AgentTestContext:
         """Run this app's agents on records in-process, without a broker (Faust's
-        ``agent.test_context()``): see :class:`agents_stream.testing.AgentTestContext`."""
+        ``agent.test_context()``): see :class:`agents_stream.testing.AgentTestContext`.
+        ``settle=False`` leaves two-phase calls PREPARED until ``ctx.settle()``."""
         from .testing.kit import AgentTestContext  # the test kit builds on the whole host
 
-        return AgentTestContext(self, code_block_threads=code_block_threads)
+        return AgentTestContext(self, code_block_threads=code_block_threads, settle=settle)
 
     def resolve_broker(self, override: str | None = None) -> str | None:
         """Bootstrap servers: ``--broker`` > ``AGENTS_STREAM_BROKER`` > ``App(broker=)``."""

@@ -28,6 +28,8 @@ from agents_stream.durable.journal import (
     TimerEntry,
     TimerUpdate,
     Truncation,
+    TwoPhase,
+    TwoPhaseCall,
 )
 from agents_stream.serde.avro import AvroSerde
 from agents_stream.serde.journal import JournalCodec
@@ -143,6 +145,42 @@ CASES: list[tuple[str, int, JournalEntry]] = [
                 ),
             ),
             1_700_000_004_002,
+        ),
+    ),
+    (
+        "two-phase-prepared",
+        8,
+        TwoPhaseCall(
+            TOPIC_REF,
+            1,
+            "payments.Charge",
+            "f6",
+            TwoPhase.PREPARED,
+            b'\x1e\x01{"$dc":["payments:Charge",{"order":"o-1","cents":1999}]}',
+            b'{"hold":"h-1"}',
+            call_id="payments:user-events:user-1:43:Scoring.process#0:1",
+            prepared_ms=1_700_000_005_000,
+            worker_id="worker-7",
+        ),
+    ),
+    (
+        "two-phase-committed",
+        8,
+        TwoPhaseCall(
+            TOPIC_REF,
+            1,
+            "payments.Charge",
+            "f6",
+            TwoPhase.COMMITTED,
+            b'\x1e\x01{"$dc":["payments:Charge",{"order":"o-1","cents":1999}]}',
+            b'{"hold":"h-1"}',
+            call_id="payments:user-events:user-1:43:Scoring.process#0:1",
+            round=1,
+            prepared_ms=1_700_000_005_000,
+            settled_ms=1_700_000_005_500,
+            attempts=2,
+            last_error="psp.Timeout: capture timed out",
+            worker_id="worker-7",
         ),
     ),
 ]

@@ -3,7 +3,7 @@
 Knows nothing of Kafka or Spark; hosts give it an ActionStateStore and an OutputSink.
 """
 
-from .callable import DurableCallable, RetryPolicy
+from .callable import DurableCallable, RetryPolicy, TwoPhaseCommitCallable
 from .context import ContextConfig, RunnerContext
 from .errors import (
     CodeBlockViolation,
@@ -47,6 +47,7 @@ __all__ = [
     "Sink",
     "SinkItem",
     "Truncation",
+    "TwoPhaseCommitCallable",
     "UnsupportedValueError",
     "register_codec",
     "register_type",

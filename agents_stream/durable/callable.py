@@ -81,3 +81,59 @@ class RetryPolicy:
         else:
             base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
         return base * (1 + random.random() * self.jitter) if self.jitter else base
+
+
+class TwoPhaseCommitCallable(Generic[R]):
+    """A call to an external system in two phases, for ``ctx.execute(TwoPhaseCommitCallable)``.
+
+    ``prepare()`` runs as a code block: its result is journaled (a PREPARED obligation
+    beside the call's slot) and acknowledged before the action sees it, and replayed
+    after a crash, never prepared again. ``commit(prepared)`` runs once the completion of
+    the action that made the call is durable (exactly-once: its transaction committed),
+    off the record path, retried until it returns; ``abort(prepared)`` runs when the
+    record will never complete with that preparation (the action raised and the record
+    was dead-lettered or dropped, a replay diverged from the slot, the record was
+    skipped by an offset reset). Both run again after a crash until their return is
+    journaled, so **commit and abort must be idempotent**; ``prepare`` should be too,
+    keyed by its ``call_id``, as any call that may run again before its result is
+    journaled.
+
+    Subclass it with a dataclass: its fields are the call's identity (digested, as a
+    call's arguments) and are journaled with the obligation, so that the partition's
+    next owner can commit or abort it. Its class must be importable where the app is
+    (module level), and the fields in the journaled value domain. ``id`` (optional) is a
+    stable name used instead of ``module.QualName``. A ``call_id`` first parameter of
+    ``prepare``/``commit``/``abort`` receives the call's id (a slot prepared afresh after
+    an abort gets ``<call id>~<round>``)::
+
+        @dataclass
+        class Charge(TwoPhaseCommitCallable[dict]):
+            order: str
+            cents: int
+
+            def prepare(self, call_id):
+                return {"hold": psp.authorize(self.order, self.cents, key=call_id)}
+
+            def commit(self, prepared):
+                psp.capture(prepared["hold"])
+
+            def abort(self, prepared):
+                psp.release(prepared["hold"])
+
+        prepared = ctx.execute(Charge(order, 1999))
+    """
+
+    id: str = ""
+
+    def prepare(self, *args: Any, **kwargs: Any) -> R:
+        raise NotImplementedError
+
+    def commit(self, prepared: R, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    def abort(self, prepared: R, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    @property
+    def function_id(self) -> str:
+        return self.id or f"{type(self).__module__}.{type(self).__qualname__}"

@@ -46,9 +46,10 @@ from ..agent import learn_calls_sync
 from ..events import Event, OutputEvent
 from .acks import NO_SERVING, AckServing, acked
 from .bridge import Carrier, await_, bridged, carrier
-from .callable import DurableCallable, RetryPolicy
+from .callable import DurableCallable, RetryPolicy, TwoPhaseCommitCallable
 from .errors import (
     CodeBlockViolation,
+    DurableError,
     JournalDecodeError,
     NonDeterminismError,
     PayloadError,
@@ -73,6 +74,8 @@ from .journal import (
     TimerUpdate,
     Tombstone,
     Truncation,
+    TwoPhase,
+    TwoPhaseCall,
     entry_key,
 )
 from .memory import ShortTermMemory
@@ -80,6 +83,8 @@ from .ownership import Ownership, OwnershipLost
 from .payload import PayloadCodec, encode_result
 from .pool import CodeBlockPool
 from .timers import Timers
+from .twophase import Settler, round_call_id
+from .values import encode_value
 
 if TYPE_CHECKING:
     from ..tracing import CallTrace
@@ -148,6 +153,9 @@ class ContextConfig:
     ownership: Ownership | None = None
     # Where the journal's acks are served (durable/acks.py): the host's producer.
     acks: AckServing = NO_SERVING
+    # Settles two-phase calls' obligations (durable/twophase.py); None: a host that
+    # cannot (a Spark backfill), where a TwoPhaseCommitCallable is refused.
+    two_phase: Settler | None = None
 
 
 @dataclass
@@ -162,6 +170,11 @@ class _Call:
     reconciler_shape: CallShape | None
     reconciler_takes_args: bool  # False: the zero-argument (Flink Agents) form
     retry: RetryPolicy | None
+    # A TwoPhaseCommitCallable's call: the object (its encoding journaled with the
+    # obligation) and the preparation round this run makes (durable/twophase.py).
+    two_phase: TwoPhaseCommitCallable[Any] | None = None
+    target: bytes = b""
+    round: int = 0
 
 
 _warned_blocking: set[tuple[str, str]] = set()
@@ -429,6 +442,15 @@ class RunnerContext:
         call = self._describe(fn, args, kwargs, reconciler, retry, sync=True)
         index = self._claim_index()
         slot = self._resolve_slot(index, call)
+        if call.two_phase is not None:
+            slot, waiting = self._two_phase_slot(index, call, slot)
+            for _ in range(4):  # decide the abort, run it, then prepare
+                if waiting is None:
+                    break
+                self._wait(waiting)
+                slot, waiting = self._two_phase_slot(index, call, slot)
+            else:
+                raise self._abort_pending(index)
         if slot is not None and slot.status.terminal:
             return self._replay(slot)
         if slot is not None and call.reconciler is not None:
@@ -495,6 +517,15 @@ class RunnerContext:
 
     async def _run_async(self, index: int, call: _Call) -> Any:
         slot = self._resolve_slot(index, call)
+        if call.two_phase is not None:
+            slot, waiting = self._two_phase_slot(index, call, slot)
+            for _ in range(4):  # decide the abort, run it, then prepare
+                if waiting is None:
+                    break
+                await acked(waiting)
+                slot, waiting = self._two_phase_slot(index, call, slot)
+            else:
+                raise self._abort_pending(index)
         if slot is not None and slot.status.terminal:
             return self._replay(slot)
         reconciling = slot is not None and call.reconciler is not None
@@ -523,7 +554,7 @@ class RunnerContext:
                     await acked(self._append(entry))
                     raise
                 entry, refusal = self._outcome(index, call, started, result, attempts + tries)
-                appended = self._append(entry)
+                appended = self._append(entry, call)
                 if next(_ASYNC_RESULTS) & 15 == 15:
                     self._config.acks.serve_due()
                 await acked(appended)
@@ -624,7 +655,7 @@ class RunnerContext:
                 wait(self._append(self._failed(index, call, started, error, attempts + tries)))
                 raise error
             entry, refusal = self._outcome(index, call, started, result, attempts + tries)
-            wait(self._append(entry))
+            wait(self._append(entry, call))
             # An ack that arrives after the hold was lost (a cut link healing, its queued
             # writes delivered) may be of a transaction about to abort: not a durable
             # result, so the action does not go on with it.
@@ -678,6 +709,8 @@ class RunnerContext:
             plan = None
         if plan is not None:
             fid, target, shape, is_coroutine = plan
+        elif isinstance(fn, TwoPhaseCommitCallable):
+            return self._describe_two_phase(fn, args, kwargs, reconciler, retry, sync=sync)
         elif isinstance(fn, DurableCallable):
             if reconciler is None and fn.has_reconciler:
                 reconciler = fn.reconciler
@@ -710,6 +743,57 @@ class RunnerContext:
             target, shape, args, kwargs, fid, digest, reconciler, rec_shape, rec_takes_args, retry
         )
 
+    def _describe_two_phase(
+        self,
+        fn: TwoPhaseCommitCallable[Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        reconciler: Callable[..., Any] | None,
+        retry: RetryPolicy | None,
+        *,
+        sync: bool,
+    ) -> _Call:
+        fid = fn.function_id
+        kind = type(fn)
+        if reconciler is not None:
+            raise TypeError(f"{fid}: a two-phase call takes no reconciler (its commit and "
+                            "abort settle it)")  # fmt: skip
+        missing = [
+            name
+            for name in ("prepare", "commit", "abort")
+            if getattr(kind, name) is getattr(TwoPhaseCommitCallable, name)
+        ]
+        if missing:
+            raise TypeError(f"{fid} does not implement {', '.join(missing)} (nothing was "
+                            "journaled or run)")  # fmt: skip
+        if self._config.two_phase is None:
+            raise TypeError(
+                f"{fid}: this host does not settle two-phase calls (the worker, the Faust "
+                "host and app.test_context() do; a Spark backfill does not)"
+            )
+        if self.ref.seq < 0:
+            raise TypeError(f"{fid}: two-phase calls are not supported in timer actions "
+                            f"({self.ref.action})")  # fmt: skip
+        if "\x1f" in self.ref.key:
+            raise TypeError(f"{fid}: a two-phase call's record key may not contain \\x1f")
+        target = fn.prepare
+        shape, is_coroutine = call_shape(target), inspect.iscoroutinefunction(target)
+        if sync and is_coroutine:
+            raise TypeError(f"{fid}.prepare is a coroutine function: use "
+                            "`await ctx.execute_async(...)`")  # fmt: skip
+        unbound = shape.bind_error(args, kwargs)
+        if unbound is not None:
+            raise TypeError(
+                f"{fid}.prepare{shape.signature} cannot take the arguments given to "
+                f"ctx.execute: {unbound} (nothing was journaled or run)"
+            ) from None
+        # Its fields are its identity, digested as arguments, and journaled whole with
+        # the obligation: whoever settles it calls commit/abort on the same object.
+        encoded = encode_value(fn, where=f"two-phase call {fid}")
+        digest = args_digest((fn, *args), kwargs)
+        return _Call(target, shape, args, kwargs, fid, digest, None, None, False, retry,
+                     two_phase=fn, target=encoded)  # fmt: skip
+
     def _claim_index(self) -> int:
         with self._lock:
             index = self._next_index
@@ -720,6 +804,8 @@ class RunnerContext:
         self, index: int, call: _Call, reconciling: bool
     ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         call_id = self.ref.call_id(self._config.app_id, index)
+        if call.round:
+            call_id = round_call_id(call_id, call.round)
         if not reconciling:
             return call.fn, *call.shape.arguments(call_id, call.args, call.kwargs)
         assert call.reconciler is not None and call.reconciler_shape is not None
@@ -768,6 +854,7 @@ class RunnerContext:
         )
         tombstones = [Tombstone(entry_key(entry)) for entry in doomed]
         self._wait(self._store.append([*tombstones, evidence], self.ref.partition))
+        self._abort_dropped(dropped)
 
     def _replay(self, slot: CallEntry) -> Any:
         if self._trace is not None:
@@ -878,11 +965,76 @@ class RunnerContext:
             attempts=attempts,
         )
 
-    def _append(self, entry: CallEntry) -> Future[None]:
+    def _append(self, entry: CallEntry, call: _Call | None = None) -> Future[None]:
         self._journal[entry.index] = entry
         if self._trace is not None:
             self._trace.journaled(entry)
+        if call is not None and call.two_phase is not None and entry.status is CallStatus.SUCCEEDED:
+            settler = self._config.two_phase
+            assert settler is not None  # refused in _describe otherwise
+            obligation = TwoPhaseCall(
+                ref=self.ref,
+                index=entry.index,
+                function_id=call.fid,
+                args_digest=call.digest,
+                phase=TwoPhase.PREPARED,
+                target=call.target,
+                prepared=entry.result,
+                call_id=entry.call_id,
+                round=call.round,
+                prepared_ms=entry.finished_ms,
+                worker_id=self._config.worker_id,
+            )
+            return settler.prepared(obligation, entry)
         return self._store.append([entry], self.ref.partition)
+
+    # -- two-phase calls (durable/twophase.py) ----------------------------------------
+    def _two_phase_slot(
+        self, index: int, call: _Call, slot: CallEntry | None
+    ) -> tuple[CallEntry | None, Future[None] | None]:
+        """What a two-phase call at ``index`` does with its journal: the slot to replay
+        (its preparation stands: PREPARED or COMMITTED), or None to prepare (afresh, in
+        ``call.round``, once an aborted preparation's abort returned); or a future to
+        wait for first (an abort being decided or run), then ask again."""
+        settler = self._config.two_phase
+        assert settler is not None
+        x = settler.current(self.ref, index)
+        if x is None:
+            return slot, None  # none yet (or settled and pruned: its slot stands)
+        same = x.function_id == call.fid and x.args_digest == call.digest
+        if same and x.phase in (TwoPhase.PREPARED, TwoPhase.COMMITTED):
+            if slot is None or slot.status is not CallStatus.SUCCEEDED:
+                # Its slot was lost after the obligation (one append, x first): the
+                # obligation holds the prepared result.
+                slot = self._entry(index, call, CallStatus.SUCCEEDED, x.prepared_ms,
+                                   result=x.prepared)  # fmt: skip
+            return slot, None
+        if x.phase is TwoPhase.PREPARED:
+            # Another call's preparation at this index (a slot lost or truncated): it
+            # will never complete with this record.
+            return None, settler.aborting([x])
+        if x.phase is TwoPhase.ABORTING:
+            return None, settler.settle_now(x)
+        call.round = x.round + 1  # aborted (or another call committed): prepare afresh
+        return None, None
+
+    def _abort_pending(self, index: int) -> DurableError:
+        return DurableError(
+            f"two-phase call at key={self.ref.key!r} seq={self.ref.seq} action="
+            f"{self.ref.action} call_index={index}: the abort of its previous preparation "
+            "has not returned yet (it is retried); the call is prepared afresh once it has"
+        )
+
+    def _abort_dropped(self, dropped: list[int]) -> None:
+        """Slots a divergence dropped: their preparations are aborted (decided now,
+        acked; ``abort()`` runs on the settler)."""
+        settler = self._config.two_phase
+        if settler is None:
+            return
+        doomed = [x for i in dropped if (x := settler.current(self.ref, i)) is not None]
+        pending = settler.aborting([x for x in doomed if x.phase is TwoPhase.PREPARED])
+        if pending is not None:
+            self._wait(pending)
 
 
 def _matches(slot: CallEntry, call: _Call) -> bool:

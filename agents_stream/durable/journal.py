@@ -25,6 +25,14 @@ record, and one tombstone once every record of the group is committed. A reader 
 the same ActionDones either way (:func:`expand`): each keeps its own ref, so what a
 group holds is found under the record's identity as a standalone ActionDone would be.
 
+Two-phase calls (schema v8): a call of a ``TwoPhaseCommitCallable`` journals its
+``prepare()`` result as an ordinary SUCCEEDED slot and, before it, a
+:class:`TwoPhaseCall`: the obligation to commit or abort that preparation, keyed
+``x key seq topic action index`` beside the slot. It is not a per-record entry: pruning
+a record leaves it, and a record with an open obligation (PREPARED or ABORTING) is not
+pruned at all until the obligation is settled, so the evidence of its completion (its
+ActionDone) outlives the decision (``durable/twophase.py``).
+
 Key-state version: an action that changed memory or timers bumps the key's
 ``MemorySnapshot.version`` and records it as ``ActionDone.memory_version``. The snapshot
 is appended *after* the ActionDone and the timer records, so a durable snapshot of that
@@ -243,8 +251,45 @@ class CompletionGroup:
     at_ms: int = 0
 
 
+class TwoPhase(str, Enum):  # noqa: UP042 - str values are the wire format
+    """Phase of a two-phase call's obligation (schema v8)."""
+
+    PREPARED = "PREPARED"  # prepare() journaled; commit or abort still owed
+    COMMITTED = "COMMITTED"  # commit() returned, after the action's completion was durable
+    ABORTING = "ABORTING"  # abort decided (durable); abort() may not have returned yet
+    ABORTED = "ABORTED"  # abort() returned
+
+    @property
+    def open(self) -> bool:
+        """Whether a commit or an abort is still owed."""
+        return self is TwoPhase.PREPARED or self is TwoPhase.ABORTING
+
+
+@dataclass(frozen=True)
+class TwoPhaseCall:
+    """The obligation of one prepared two-phase call (schema v8): what to commit or
+    abort (``target``: the callable itself, journal value encoding) with what
+    (``prepared``: payload-codec bytes of ``prepare()``'s result)."""
+
+    ref: ActionRef
+    index: int
+    function_id: str
+    args_digest: str
+    phase: TwoPhase
+    target: bytes
+    prepared: bytes | None = None
+    call_id: str = ""
+    round: int = 0
+    prepared_ms: int = 0
+    settled_ms: int = 0
+    attempts: int = 0
+    last_error: str = ""
+    worker_id: str = ""
+
+
 JournalEntry = (
-    CallEntry
+    TwoPhaseCall
+    | CallEntry
     | ActionDone
     | MemorySnapshot
     | Truncation
@@ -316,6 +361,8 @@ def entry_key(entry: JournalEntry | Tombstone) -> tuple[Any, ...]:
         return group_identity(entry.topic, entry.partition, entry.group)
     if isinstance(entry, CallEntry):
         return ref_identity("c", entry.ref, entry.index)
+    if isinstance(entry, TwoPhaseCall):
+        return ref_identity("x", entry.ref, entry.index)
     if isinstance(entry, ActionDone):
         return ref_identity("a", entry.ref)
     if isinstance(entry, MemorySnapshot):

@@ -23,6 +23,7 @@ from .journal import (
     JournalEntry,
     TimerEntry,
     Tombstone,
+    TwoPhaseCall,
     entry_key,
     progress_identity,
 )
@@ -57,11 +58,32 @@ def entry_key_bytes(entry: JournalEntry | Tombstone) -> bytes:
         return ("a\x1f" + _ref_tail(entry.ref)).encode()  # type: ignore[union-attr]
     if kind is CallEntry:
         return call_key(entry.ref, entry.index)  # type: ignore[union-attr]
+    if kind is TwoPhaseCall:
+        return obligation_key(entry.ref, entry.index)  # type: ignore[union-attr]
     return encode_identity(entry_key(entry))
 
 
 def call_key(ref: ActionRef, index: int) -> bytes:
     return f"c\x1f{_ref_tail(ref)}\x1f{index}".encode()
+
+
+def obligation_key(ref: ActionRef, index: int) -> bytes:
+    """The key of slot ``index``'s two-phase obligation (v8): ``x`` + the slot's key
+    tail. Not a per-record kind (``RECORD_KINDS``): pruning a record leaves it."""
+    return f"x\x1f{_ref_tail(ref)}\x1f{index}".encode()
+
+
+def obligation_record(raw: bytes) -> tuple[str, int, str] | None:
+    """``(key, seq, topic)`` of an obligation key (topic ``""``: legacy layout)."""
+    parts = raw.decode().split(SEP)
+    if len(parts) == 6:
+        return parts[1], int(parts[2]), parts[3]
+    if len(parts) == 5:
+        return parts[1], int(parts[2]), ""
+    return None
+
+
+OBLIGATIONS_PREFIX = ("x" + SEP).encode()  # every TwoPhaseCall of a partition (v8)
 
 
 def calls_prefix(ref: ActionRef) -> bytes:

@@ -24,6 +24,7 @@ from .journal import (
     MemorySnapshot,
     TimerEntry,
     Tombstone,
+    TwoPhaseCall,
     entry_key,
 )
 
@@ -124,6 +125,26 @@ class ActionStateStore(ABC):
         """The journal of input record ``(key, seq)`` of ``topic`` is kept past its
         commit (a dead letter, whose replay meets it): a store that groups completions
         gives that record's a row of its own. Nothing by default."""
+
+    # -- two-phase obligations (v8, durable/twophase.py) ---------------------------------
+    @property
+    def partitions(self) -> list[int]:
+        """The partitions this store holds a view of (every one, for a store of all)."""
+        return []
+
+    def obligation(self, ref: ActionRef, index: int) -> TwoPhaseCall | None:
+        """The two-phase obligation of slot ``index`` of ``ref``, if any."""
+        return None
+
+    def obligations(self, partition: int) -> list[TwoPhaseCall]:
+        """Every live two-phase obligation of ``partition`` (open or settled, not yet
+        pruned)."""
+        return []
+
+    def prune_settled(self, records: Sequence[tuple[int, str]], partition: int, topic: str) -> None:
+        """Prune committed records whose obligations are all settled, the obligations
+        too (:meth:`prune_records` leaves a record with an obligation)."""
+        self.prune_records(records, partition, topic)
 
     def prune_below(self, topic: str, partition: int, offset: int) -> int:
         """Prune what records of ``topic`` below completed-through ``offset`` left

@@ -357,6 +357,9 @@ class DurableAgent:
         self.progress = CompletedThrough(
             self.kit.store, self._context.worker_id, rerun_completed=self.rerun_completed
         )
+        if self.kit.settler is not None:  # two-phase commits wait for durable markers
+            self.kit.settler.through = self.progress.durable_through
+            self.kit.settler.start()
         return FaustRecordHandler(
             self.kit.bindings[self.input].runner,
             dead_letters=self.kit.dlq,
@@ -396,6 +399,8 @@ class DurableAgent:
             for partition in new:
                 self._load_progress(partition)
                 self.ownership.acquire(self.input, partition)
+                if self.kit is not None and self.kit.settler is not None:
+                    self.kit.settler.assigned(self.input, partition)
             self._owned.update(new)
         log.info(
             "%s: assigned %s[%s] (replayed %d journal records)",
@@ -434,6 +439,8 @@ class DurableAgent:
                     continue
                 self._owned.discard(tp.partition)
                 self._finished.pop(tp.partition, None)
+                if self.kit is not None and self.kit.settler is not None:
+                    self.kit.settler.revoked(tp.partition)
                 if isinstance(self.store, KafkaActionStateStore):
                     self.store.revoke(tp.partition)
 
@@ -441,6 +448,8 @@ class DurableAgent:
         self.registry_wait.stop()  # a record waiting for the registry: abandoned, unacked
         if self.producer is not None:
             await asyncio.to_thread(self.producer.close)
+        if self.kit is not None and self.kit.settler is not None:
+            self.kit.settler.close()
         if self.store is not None:
             self.store.close()
         self._pool.shutdown(wait=False, cancel_futures=True)

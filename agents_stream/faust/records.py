@@ -270,6 +270,11 @@ class FaustRecordHandler:
             self.failed = exc
             await self._crash(exc)
             return False
+        settler = self.runner.config.two_phase
+        if settler is not None:  # its preparations aborted before it can be replayed
+            pending = settler.failed(msg.topic, record.partition, record.seq, record.key)
+            if pending is not None:
+                await asyncio.wrap_future(pending)
         await asyncio.wrap_future(self.dead_letters.send(ConfluentLikeMessage(msg), "action", exc))
         self.stats["dlq"] += 1
         self.kept.add((record.partition, int(msg.offset)))

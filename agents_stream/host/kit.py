@@ -39,6 +39,7 @@ from ..durable.ownership import Ownership
 from ..durable.runner import ActionRunner, TimersHook
 from ..durable.sink import OutputSink
 from ..durable.store import ActionStateStore
+from ..durable.twophase import Settler
 from ..kafka.config import delivery_timeout_ms, producer_config, transactional_config
 from ..kafka.deadline import Deadline
 from ..kafka.producer import AckingProducer
@@ -117,6 +118,7 @@ class DurableHost:
         transactions: bool = False,
         emitted_markers: bool = True,
         deadline: Deadline | None = None,
+        two_phase: bool = True,
     ) -> None:
         self.app = app
         self.bootstrap = bootstrap
@@ -140,17 +142,6 @@ class DurableHost:
         # Where a finished record's writes go: the open transaction, if any.
         outputs = self.transactions or self.producer
         self.dlq = DeadLetters(outputs, app.id) if produce and outputs else None
-        self.context = ContextConfig(
-            app_id=app.id,
-            worker_id=worker_id,
-            codec=app.payload_codec,
-            strict=app.strict_determinism,
-            executor=executor,
-            ownership=ownership,
-            # The journal's acks are the producer's delivery reports (a worker's loop
-            # serves them itself, durable/acks.py).
-            acks=self.producer or NO_SERVING,
-        )
         if store is None and self.producer is not None:
             store = KafkaActionStateStore(
                 topic=app.action_state_topic,
@@ -171,6 +162,33 @@ class DurableHost:
         # input (an upgraded app had exactly one journal identity space).
         store.legacy_topics = frozenset(app.input_topics[:1])
         self.store: ActionStateStore = store
+        # Two-phase calls' obligations (durable/twophase.py): settled once the host
+        # tells the settler its durable completed-through markers (``settler.through``)
+        # and starts it.
+        self.settler: Settler | None = None
+        if two_phase:
+            self.settler = Settler(
+                store,
+                app.payload_codec,
+                app_id=app.id,
+                worker_id=worker_id,
+                through=lambda topic, partition: None,
+                holds=ownership.holds if ownership is not None else lambda partition: True,
+                prune=app.prune_completed,
+                acks=self.producer or NO_SERVING,
+            )
+        self.context = ContextConfig(
+            app_id=app.id,
+            worker_id=worker_id,
+            codec=app.payload_codec,
+            strict=app.strict_determinism,
+            executor=executor,
+            ownership=ownership,
+            # The journal's acks are the producer's delivery reports (a worker's loop
+            # serves them itself, durable/acks.py).
+            acks=self.producer or NO_SERVING,
+            two_phase=self.settler,
+        )
         self.bindings: dict[str, Binding] = {}
         self._output_logs: list[OutputLog] = []
         for spec in app.agents:
@@ -255,4 +273,6 @@ class DurableHost:
             self.producer.close()
         for found in self._output_logs:
             found.close()
+        if self.settler is not None:
+            self.settler.close()
         self.store.close()

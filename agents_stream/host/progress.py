@@ -38,6 +38,10 @@ class CompletedThrough:
         self.through: dict[Partition, int] = {}
         self._floor: dict[Partition, int] = {}  # markers never move back
         self._skip_logged: set[Partition] = set()
+        # The highest marker known durable per partition (found on assignment, or
+        # acked / committed since), rerun_completed or not: what two-phase commits wait
+        # for (durable/twophase.py).
+        self.durable: dict[Partition, int] = {}
 
     def load(self, topic: str, partition: int, *, prune: bool = False) -> int | None:
         """After the partition's cache rebuild: its marker's offset (None without one);
@@ -48,6 +52,10 @@ class CompletedThrough:
         self._skip_logged.discard(tp)
         marker = self.store.progress(topic, partition)
         self._floor[tp] = marker.offset if marker is not None else 0
+        if marker is not None:
+            self.durable[tp] = marker.offset
+        else:
+            self.durable.pop(tp, None)
         if marker is None:
             self.through.pop(tp, None)
             return None
@@ -97,6 +105,10 @@ class CompletedThrough:
         if the client hands them over again (Apache Kafka did, after an asynchronous
         commit failed around a rebalance) they are skipped, not run again with their
         journal pruned."""
+        for marker in markers:
+            tp = (marker.topic, marker.partition)
+            if tp in held:
+                self.durable[tp] = max(self.durable.get(tp, 0), marker.offset)
         if self.rerun_completed:
             return
         for marker in markers:
@@ -104,8 +116,13 @@ class CompletedThrough:
             if tp in held:
                 self.through[tp] = max(self.through.get(tp, 0), marker.offset)
 
+    def durable_through(self, topic: str, partition: int) -> int | None:
+        """The highest completed-through marker known durable, or None."""
+        return self.durable.get((topic, partition))
+
     def forget(self, topic: str, partition: int) -> None:
         self.through.pop((topic, partition), None)
+        self.durable.pop((topic, partition), None)
         self._skip_logged.discard((topic, partition))
 
     def write(self, markers: Sequence[InputProgress], timeout: float) -> bool:

@@ -182,6 +182,13 @@ class AgentHost:
             if verdict.stops:
                 self._on_fatal(outcome)
                 raise outcome
+            settler = self.runner.config.two_phase
+            if settler is not None:
+                # Its preparations are aborted before it can be replayed (a replay, or
+                # this record again after a crash, then prepares afresh).
+                pending = settler.failed(msg.topic(), record.partition, record.seq, record.key)
+                if pending is not None:
+                    await acked(pending)
             await self.dead_letter(msg, "action", outcome)
             return
         self._finished(msg, record, outcome)

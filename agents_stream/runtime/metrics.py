@@ -208,6 +208,23 @@ class WorkerCollector(Collector):
             "input partitions whose journal caches are being caught up",
             w.rebuilding,
         )
+        settler = getattr(w, "settler", None)
+        if settler is not None:
+            yield _gauge(
+                "two_phase_waiting",
+                "two-phase calls prepared and not yet committed or aborted (commits wait "
+                "for their record's completion to be durable)",
+                settler.waiting,
+            )
+            for key, doc in (
+                ("two_phase_prepared", "two-phase calls prepared (journaled PREPARED)"),
+                ("two_phase_committed", "two-phase calls committed (journaled COMMITTED)"),
+                ("two_phase_aborted", "two-phase calls aborted (journaled ABORTED)"),
+                ("two_phase_failures", "commit/abort attempts that raised (retried)"),
+            ):
+                c = CounterMetricFamily(f"{PREFIX}_{key}", doc)
+                c.add_metric([], settler.stats.get(key, 0))
+                yield c
         replayed = CounterMetricFamily(
             f"{PREFIX}_rebuild_records", "journal records replayed into caches on assignment"
         )

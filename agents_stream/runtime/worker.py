@@ -32,6 +32,7 @@ from confluent_kafka import Consumer
 from ..app import App
 from ..durable.ownership import Ownership
 from ..durable.pool import CodeBlockPool
+from ..durable.twophase import Settler
 from ..errors import ConfigurationError, KafkaIOError
 from ..host.kit import DurableHost
 from ..host.progress import CompletedThrough
@@ -118,6 +119,7 @@ class Worker:
         # Added by the rebalance callbacks once a partition's cache is rebuilt.
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.progress: CompletedThrough | None = None  # host/progress.py (_setup)
+        self.settler: Settler | None = None  # durable/twophase.py (_setup)
         self._reset_earliest = True  # auto.offset.reset is earliest (set in _setup)
         self.stats: defaultdict[str, int] = defaultdict(int)
         self.intake = Intake(self)
@@ -242,6 +244,10 @@ class Worker:
             self.progress = CompletedThrough(
                 self.store, self.worker_id, rerun_completed=app.rerun_completed
             )
+            self.settler = self.kit.settler
+            if self.settler is not None:  # two-phase commits wait for durable markers
+                self.settler.through = self.progress.durable_through
+                self.settler.start()
         self.committer: GroupCommit = (
             AtLeastOnceCommit(self.consumer, self.progress, self.shutdown_timeout, self.deadline)
             if self.transactions is None

@@ -48,6 +48,7 @@ from .timers import input_end
 
 if TYPE_CHECKING:
     from ..app import App
+    from ..durable.twophase import Settler
     from ..host.progress import CompletedThrough
     from ..state.kafka import KafkaActionStateStore
     from .agent_host import AgentHost
@@ -85,6 +86,7 @@ class RebalanceHost(Protocol):
     intake: Intake
     _reset_earliest: bool
     progress: CompletedThrough | None
+    settler: Settler | None
     committer: GroupCommit
     _loop: asyncio.AbstractEventLoop | None
     ownership: Ownership
@@ -172,6 +174,11 @@ class Rebalance:
                 part = self.held(tp.topic, tp.partition, -1, None)
             self._w.partitions[(tp.topic, tp.partition)] = part
             self._w.ownership.acquire(tp.topic, tp.partition)
+            settler = self._w.settler
+            if through is not None and settler is not None:
+                # Held now: the last owner's two-phase calls below the marker are
+                # committed or aborted (durable/twophase.py), off this thread.
+                settler.assigned(tp.topic, tp.partition)
             if through is not None and self._w.app.prune_completed and self._w.store is not None:
                 # Held now: what a crash between a commit and its prune left of
                 # completion groups below the marker is tombstoned.
@@ -252,6 +259,8 @@ class Rebalance:
                 self.state_refs[partition] -= 1
                 if self.state_refs[partition] <= 0:
                     self.state_refs.pop(partition, None)
+                    if self._w.settler is not None:
+                        self._w.settler.revoked(partition)
                     self._w.store.revoke(partition)
         log.info(
             "%s %s (%d in-flight records abandoned)",

@@ -44,6 +44,8 @@ from ..durable.journal import (
     TimerEntry,
     TimerUpdate,
     Truncation,
+    TwoPhase,
+    TwoPhaseCall,
 )
 from ..durable.keys import decode_identity, identity_fields
 from ..errors import ConfigurationError
@@ -78,6 +80,7 @@ TRUNCATION = _NS + "Truncation"
 TIMER = _NS + "Timer"
 PROGRESS = _NS + "InputProgress"
 GROUP = _NS + "CompletionGroup"
+TWO_PHASE = _NS + "TwoPhaseCall"
 
 
 class JournalCodec:
@@ -422,6 +425,23 @@ def _done_datum(entry: ActionDone) -> dict[str, Any]:
 
 
 def _other_datum(entry: JournalEntry) -> tuple[str, dict[str, Any]]:
+    if isinstance(entry, TwoPhaseCall):
+        return TWO_PHASE, {
+            **_ref(entry.ref),
+            "index": entry.index,
+            "call_id": entry.call_id,
+            "function_id": entry.function_id,
+            "args_digest": entry.args_digest,
+            "phase": entry.phase.value,
+            "target": entry.target,
+            "prepared": entry.prepared,
+            "round": entry.round,
+            "prepared_ms": entry.prepared_ms,
+            "settled_ms": entry.settled_ms,
+            "attempts": entry.attempts,
+            "last_error": entry.last_error,
+            "worker_id": entry.worker_id,
+        }
     if isinstance(entry, TimerEntry):
         return TIMER, {
             "key": entry.key,
@@ -504,6 +524,23 @@ def _done_of(d: dict[str, Any]) -> ActionDone:
 
 
 def _other_of(name: str, d: dict[str, Any]) -> JournalEntry:
+    if name == TWO_PHASE:
+        return TwoPhaseCall(
+            ref=_ref_of(d),
+            index=d["index"],
+            function_id=d["function_id"],
+            args_digest=d["args_digest"],
+            phase=TwoPhase(d["phase"]),
+            target=d["target"],
+            prepared=d["prepared"],
+            call_id=d["call_id"],
+            round=d["round"],
+            prepared_ms=d["prepared_ms"],
+            settled_ms=d["settled_ms"],
+            attempts=d["attempts"],
+            last_error=d["last_error"],
+            worker_id=d["worker_id"],
+        )
     if name == SNAPSHOT:
         return MemorySnapshot(
             key=d["key"],

@@ -257,7 +257,12 @@ class PartitionCache:
         heads = {f"a\x1f{key}\x1f{seq}\x1f{topic}\x1f".encode() for seq, key in records}
         return [m for m in self._group_of if m[: m.rfind(_SEP) + 1] in heads]
 
-    def drop_below(self, topic: str, offset: int) -> list[bytes]:
+    def drop_below(
+        self,
+        topic: str,
+        offset: int,
+        keep: set[tuple[int, str]] | frozenset[tuple[int, str]] = frozenset(),
+    ) -> list[bytes]:
         """Forget the group members of ``topic`` that are input records below ``offset``
         (the completed-through marker, on assignment: membership is read back whole from
         the group rows, members pruned before included); returns the keys of the groups
@@ -267,6 +272,8 @@ class PartitionCache:
         groups = self._groups
         for member, key in list(self._group_of.items()):
             if key.startswith(head) and _seq_of(member) < offset:
+                if keep and _seq_key(member) in keep:
+                    continue  # a record with an open two-phase obligation: kept
                 self._forget(member)
                 groups[key] -= 1
         return [key for key, left in groups.items() if key.startswith(head) and left <= 0]
@@ -642,6 +649,13 @@ def _seq_of(key: bytes) -> int:
         return -1
     seq = record[:-1].rpartition(_SEP)[2]
     return int(seq) if seq.lstrip(b"-").isdigit() else -1
+
+
+def _seq_key(key: bytes) -> tuple[int, str]:
+    """``(seq, key)`` of a per-record key."""
+    record = _record_of(key) or b""
+    name, _, seq = record[:-1].rpartition(_SEP)
+    return (int(seq) if seq.lstrip(b"-").isdigit() else -1, name.decode())
 
 
 def _index_key(live: dict[bytes, set[bytes]], key: bytes) -> bool:

@@ -29,6 +29,7 @@ from ..durable.journal import (
     TimerEntry,
     Tombstone,
     Truncation,
+    TwoPhaseCall,
 )
 from ..durable.ownership import Ownership
 from ..durable.store import ActionStateStore, all_of
@@ -41,7 +42,7 @@ from .recovery import rebuild_partitions
 log = logging.getLogger("agents_stream.state")
 
 # What a code block journals (results, PENDING, truncations): never transactional.
-_CALL_JOURNAL = (CallEntry, Truncation)
+_CALL_JOURNAL = (CallEntry, Truncation, TwoPhaseCall)
 
 
 class KafkaActionStateStore(ActionStateStore):
@@ -356,8 +357,72 @@ class KafkaActionStateStore(ActionStateStore):
     def prune(self, key: str, seq: int, partition: int, topic: str = "") -> None:
         self.prune_records([(seq, key)], partition, topic)
 
+    # -- two-phase obligations (v8) ---------------------------------------------------------
+    def obligation(self, ref: ActionRef, index: int) -> TwoPhaseCall | None:
+        cache = self._caches.get(ref.partition)
+        if cache is None:
+            return None
+        raw_key = keys.obligation_key(ref, index)
+        raw = cache.db.get(raw_key)
+        if raw is None:
+            return None
+        entry = self._decode(raw_key, raw)
+        return entry if isinstance(entry, TwoPhaseCall) else None
+
+    def obligations(self, partition: int) -> list[TwoPhaseCall]:
+        cache = self._caches.get(partition)
+        if cache is None:
+            return []
+        out = []
+        for key, value in cache.scan(keys.OBLIGATIONS_PREFIX):
+            entry = self._decode(key, value)
+            if isinstance(entry, TwoPhaseCall):
+                out.append(entry)
+        return out
+
+    def _obligated(self, cache: PartitionCache, topic: str) -> set[tuple[int, str]]:
+        """``(seq, key)`` of the records of ``topic`` with a live obligation: one
+        prefix seek per commit, nothing when no two-phase call was ever made."""
+        out = set()
+        for raw, _ in cache.scan(keys.OBLIGATIONS_PREFIX):
+            found = keys.obligation_record(raw)
+            if found is not None and found[2] == topic:
+                out.add((found[1], found[0]))
+        return out
+
+    def prune_settled(self, records: Sequence[tuple[int, str]], partition: int, topic: str) -> None:
+        cache = self._caches.get(partition)
+        if cache is None:
+            return
+        wanted = set(records)
+        settled = [
+            raw
+            for raw, _ in cache.scan(keys.OBLIGATIONS_PREFIX)
+            if (found := keys.obligation_record(raw)) is not None
+            and found[2] == topic
+            and (found[1], found[0]) in wanted
+        ]
+        self._prune_records(records, partition, topic, also=settled)
+
     def prune_records(
         self, records: Sequence[tuple[int, str]], partition: int, topic: str = ""
+    ) -> None:
+        cache = self._caches.get(partition)
+        if cache is None:
+            return
+        # A record with a two-phase obligation keeps its journal (the evidence of its
+        # completion) until the obligation is settled (durable/twophase.py).
+        obligated = self._obligated(cache, topic) if topic else set()
+        if obligated:
+            records = [r for r in records if r not in obligated]
+        self._prune_records(records, partition, topic)
+
+    def _prune_records(
+        self,
+        records: Sequence[tuple[int, str]],
+        partition: int,
+        topic: str,
+        also: Sequence[bytes] = (),
     ) -> None:
         cache = self._caches.get(partition)
         if cache is None:
@@ -386,6 +451,8 @@ class KafkaActionStateStore(ActionStateStore):
             # topic; its group is tombstoned once its last member is committed.
             with self._lock:
                 doomed = cache.pruned(doomed, records, topic)
+        if also:
+            doomed = [*doomed, *also]
         if not doomed:
             return
         # Nobody waits for these: a lost tombstone only leaves an entry behind, so the
@@ -420,8 +487,9 @@ class KafkaActionStateStore(ActionStateStore):
         cache = self._caches.get(partition)
         if cache is None or (self.ownership is not None and not self.ownership.holds(partition)):
             return 0
+        keep = self._obligated(cache, topic)
         with self._lock:
-            doomed = cache.drop_below(topic, offset)
+            doomed = cache.drop_below(topic, offset, keep)
         if doomed:
             log.info(
                 "%s[%d]: %d completion group(s) of records below completed-through marker "

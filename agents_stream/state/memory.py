@@ -16,6 +16,7 @@ from ..durable.journal import (
     MemorySnapshot,
     TimerEntry,
     Tombstone,
+    TwoPhaseCall,
     entry_key,
     progress_identity,
     ref_identity,
@@ -123,7 +124,46 @@ class InMemoryActionStateStore(ActionStateStore):
                     self.log.append(("delete", k))
         return completed_future()
 
+    @property
+    def partitions(self) -> list[int]:
+        with self._lock:
+            return sorted({e.ref.partition for e in self._entries.values() if hasattr(e, "ref")})
+
+    def obligation(self, ref: ActionRef, index: int) -> TwoPhaseCall | None:
+        entry = self._entries.get(ref_identity("x", ref, index))
+        return entry if isinstance(entry, TwoPhaseCall) else None
+
+    def obligations(self, partition: int) -> list[TwoPhaseCall]:
+        with self._lock:
+            return [
+                e
+                for e in self._entries.values()
+                if isinstance(e, TwoPhaseCall) and e.ref.partition == partition
+            ]
+
+    def prune_settled(self, records: Sequence[tuple[int, str]], partition: int, topic: str) -> None:
+        for seq, key in records:
+            self._prune(key, seq, topic)
+            with self._lock:
+                for identity, e in list(self._entries.items()):
+                    if isinstance(e, TwoPhaseCall) and (e.ref.key, e.ref.seq, e.ref.topic) == (
+                        key,
+                        seq,
+                        topic,
+                    ):
+                        self._delete(identity)
+                        self.log.append(("delete", identity))
+
     def prune(self, key: str, seq: int, partition: int, topic: str = "") -> None:
+        # A record with a two-phase obligation keeps its journal until it is settled.
+        if any(
+            isinstance(e, TwoPhaseCall) and (e.ref.key, e.ref.seq, e.ref.topic) == (key, seq, topic)
+            for e in self.obligations(partition)
+        ):
+            return
+        self._prune(key, seq, topic)
+
+    def _prune(self, key: str, seq: int, topic: str) -> None:
         legacy_too = not topic or topic in self.legacy_topics
         with self._lock:
             for k in self._record(key, seq):

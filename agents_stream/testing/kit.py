@@ -62,6 +62,11 @@ class Call:
     result: Any = None  # decoded (SUCCEEDED)
     error: str | None = None  # "Type: message" (FAILED)
     call_id: str = ""
+    # A two-phase call's obligation: "PREPARED", "COMMITTED", "ABORTING" or "ABORTED"
+    # (None for other calls); the commit/abort attempts so far and the last failure.
+    phase: str | None = None
+    attempts: int = 0
+    last_error: str = ""
 
 
 @dataclass
@@ -140,7 +145,10 @@ class AgentTestContext:
 
     __test__ = False  # not a pytest test class, whatever a test module imports it as
 
-    def __init__(self, app: App, *, code_block_threads: int = 8) -> None:
+    def __init__(self, app: App, *, code_block_threads: int = 8, settle: bool = True) -> None:
+        """``settle``: a record that completed is committed at once and its two-phase
+        calls committed (one that raised: aborted, as a dead letter's); False leaves
+        them PREPARED until :meth:`settle`."""
         if not app.agents:
             raise ConfigurationError(f"app {app.id!r} has no agents to test")
         self.app = app
@@ -162,6 +170,16 @@ class AgentTestContext:
         )
         self._offsets: defaultdict[tuple[str, int], int] = defaultdict(int)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Two-phase calls: a delivered record that completed counts as committed (the
+        # completed-through position of its partition moves past it).
+        self.auto_settle = settle
+        self._committed: dict[tuple[str, int], int] = {}
+        settler = self.kit.settler
+        assert settler is not None
+        settler.through = lambda topic, partition: self._committed.get((topic, partition))
+        settler.once = True
+        settler._prune = False  # the kit prunes nothing: settled calls stay to be seen
+        self.settler = settler
 
     # -- records ---------------------------------------------------------------------------
     def send(
@@ -235,6 +253,19 @@ class AgentTestContext:
             keyless=run.key is None,
         )
         return await self._deliver(run.topic, record, crash_after_calls)
+
+    def settle(self, *, timeout: float = 30.0) -> list[Call]:
+        """Run the commits and aborts that are due (records committed, their actions
+        complete; or dead-lettered), once each: one that raises stays PREPARED with its
+        attempt counted, for the next ``settle``. Returns every two-phase call's state."""
+        self.settler.sweep()
+        self.settler.idle(timeout)
+        return self.two_phase()
+
+    def two_phase(self) -> list[Call]:
+        """Every two-phase call still journaled, with its phase (a settled record's
+        are pruned with it, as on a worker: look at ``Run.calls`` instead)."""
+        return [c for c in self._all_calls() if c.phase is not None]
 
     # -- what is there ---------------------------------------------------------------------
     def outputs(self, topic: str | None = None) -> list[Any]:
@@ -311,6 +342,8 @@ class AgentTestContext:
             run.executed, run.replayed = outcome.calls_executed, outcome.calls_replayed
         finally:
             self.store.crash = None
+        if not run.crashed:
+            self._finished(topic, record, failed=run.error is not None)
         if run.crashed:  # counted from the journal: the outcome never came back
             run.executed = sum(1 for c in self._calls(topic, record) if c.status != "PENDING")
         run.calls = self._calls(topic, record)
@@ -318,15 +351,40 @@ class AgentTestContext:
             run.memory = self.memory(record.key, record.partition)
         return run
 
-    def _calls(self, topic: str, record: RecordInput) -> list[Call]:
+    def _finished(self, topic: str, record: RecordInput, *, failed: bool) -> None:
+        """The record completed (or, ``failed``, was dead-lettered): committed, as a
+        worker's commit would; its two-phase calls settled when ``auto_settle``."""
+        if failed:
+            pending = self.settler.failed(topic, record.partition, record.seq, record.key)
+            if pending is not None:
+                pending.result(30)
+        tp = (topic, record.partition)
+        # Records run in order here (a crashed one is delivered again before the next).
+        self._committed[tp] = max(self._committed.get(tp, 0), record.seq + 1)
+        if self.auto_settle:
+            self.settler.sweep()
+            self.settler.idle(30)
+
+    def _calls(self, topic: str, record: RecordInput | None) -> list[Call]:
         codec = self.kit.context.codec
+        phases = {
+            (x.ref.action, x.index, x.ref.key, x.ref.seq): x
+            for p in self.store.partitions
+            for x in self.store.obligations(p)
+            if x.ref.topic == topic
+        }
         out = []
         for entry in self.store.entries():
             ref = getattr(entry, "ref", None)
             if not isinstance(entry, CallEntry) or ref is None:
                 continue
-            if ref.key != record.key or ref.seq != record.seq or ref.topic != topic:
+            if ref.topic != topic:
                 continue
+            if record is not None and (ref.key != record.key or ref.seq != record.seq):
+                continue
+            x = phases.get((ref.action, entry.index, ref.key, ref.seq))
+            if x is not None:
+                x = self.settler.current(x.ref, x.index) or x
             result = codec.decode(entry.result) if entry.result is not None else None
             error = None
             if entry.exception is not None:
@@ -340,6 +398,12 @@ class AgentTestContext:
                     result=result,
                     error=error,
                     call_id=entry.call_id,
+                    phase=None if x is None else x.phase.value,
+                    attempts=0 if x is None else x.attempts,
+                    last_error="" if x is None else x.last_error,
                 )
             )
         return out  # journal order: the order the calls landed in
+
+    def _all_calls(self) -> list[Call]:
+        return [c for topic in self.kit.bindings for c in self._calls(topic, None)]

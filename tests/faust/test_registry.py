@@ -69,7 +69,7 @@ def test_faust_host_registers_at_startup_and_stops_on_a_refusal(
 
     client.set_compatibility(subject, "NONE")  # the operator fixes the rule
     accepted = faust_factory(MODULE, env)
-    wait_log(accepted, "registered ActionState v7 as id", timeout=90)
+    wait_log(accepted, "registered ActionState v8 as id", timeout=90)
     [receipt] = wait_for_records(broker.bootstrap, out, 1, timeout=90)
     assert json.loads(receipt.value)["n"] == 7
     assert "CRITICAL" not in accepted.log()

@@ -204,6 +204,7 @@ def run_partition(
             store=store,
             sinks={binding.input: held},
             produce=False,  # outputs come back as rows; the driver writes them
+            two_phase=False,  # nothing here settles obligations: such calls are refused
         )
         # Pre-v5 entries belong to the whole app's first input, not this binding's.
         store.legacy_topics = frozenset(task.app.input_topics[:1])

@@ -226,9 +226,9 @@ def test_damaged_bodies_raise_value_decode_error(data):
 def test_misfit_datums_raise_value_encode_error_naming_the_schema():
     datum = {"entry": to_datum(sample_entries()[0])}
     datum["entry"][1]["index"] = "three"
-    with pytest.raises(ValueEncodeError, match="ActionState v7"):
+    with pytest.raises(ValueEncodeError, match=r"ActionState v\d+"):
         JOURNAL.serde.encode(datum)
-    with pytest.raises(ValueEncodeError, match="ActionState v7"):
+    with pytest.raises(ValueEncodeError, match=r"ActionState v\d+"):
         JOURNAL.serde.encode({"entry": ("agents_stream.journal.Nope", {})})
 
 

@@ -160,3 +160,17 @@ def test_v7_completion_group():
     assert first.outputs == (b'{"n":0}',) and first.emitted
     assert second.ref.key == "user-2" and not second.emitted
     assert entry_key_bytes(group) == b"g\x1fuser-events\x1f3\x1fa1b2c3d4e5f6-1f"
+
+
+def test_two_phase_obligations_since_v8():
+    from agents_stream.durable.journal import TwoPhase, TwoPhaseCall
+
+    prepared = decode("v8-two-phase-prepared.bin")
+    assert isinstance(prepared, TwoPhaseCall)
+    assert prepared.phase is TwoPhase.PREPARED and prepared.phase.open
+    assert prepared.prepared == b'{"hold":"h-1"}' and prepared.round == 0
+    assert prepared.ref.topic == "user-events" and prepared.index == 1
+    committed = decode("v8-two-phase-committed.bin")
+    assert committed.phase is TwoPhase.COMMITTED and not committed.phase.open
+    assert (committed.round, committed.attempts, committed.settled_ms) == (1, 2, 1_700_000_005_500)
+    assert committed.last_error.startswith("psp.Timeout")
