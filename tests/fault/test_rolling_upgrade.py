@@ -1,7 +1,8 @@
-"""A rolling upgrade across the journal format change of completion groups (ActionState
-v7), on Apache Kafka, with the previous release itself.
+"""A rolling upgrade across the journal format change of two-phase obligations (ActionState
+v8), on Apache Kafka, with the previous release itself.
 
-The release before v7 (:data:`PREVIOUS_RELEASE`, main before the journal v7 work) is
+The release before v8 (:data:`PREVIOUS_RELEASE`, main before the journal v8 work, which
+writes v7: completion groups) is
 installed from this repository's git history into a temporary directory and runs a
 worker (its ``agents_stream`` shadows today's on ``PYTHONPATH``; the app module is
 today's tests/apps/crashy.py, whose API both releases share). It completes records (one
@@ -11,8 +12,8 @@ journaled and acknowledged.
 Today's worker takes the partitions over: the journaled calls are replayed, the PENDING
 call reconciled (not charged again), the key's memory carried on, every record's output
 exactly once, every side effect once (counted in SQLite where each call starts). Then a
-worker of the previous release is started against the journal v7 wrote: it refuses it
-(the unknown schema fingerprint: v6 workers cannot read v7 records) and exits.
+worker of the previous release is started against the journal v8 wrote: it refuses it
+(the unknown schema fingerprint: v7 workers cannot read v8 records) and exits.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ APP = "tests.apps.crashy:app"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# The last commit of main before the journal v7 work (its tree knows ActionState
-# v1..v6 only). Pinned: the commit that added v7.avsc has a parent that already carries
-# part of the change (a CLI reader), which is no release.
-PREVIOUS_RELEASE = "4c214235df6fdcb7a61e32ea3ba9e80c753fb913"
+# The last commit of main before journal v8 (two-phase obligations): its tree knows
+# ActionState v1..v7 (completion groups). The v6 -> v7 upgrade was proven the same way
+# from 4c214235df6fdcb7a61e32ea3ba9e80c753fb913 (bench/HISTORY.md, issue 64).
+PREVIOUS_RELEASE = "e86db990df11209acf4c435d7ce2c48281640655"
 
 
 def previous_release() -> str:
@@ -68,7 +69,7 @@ def old_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True, timeout=300,
     )  # fmt: skip
     schemas = target / "agents_stream" / "_schemas" / "ActionState"
-    assert (schemas / "v6.avsc").exists() and not (schemas / "v7.avsc").exists()
+    assert (schemas / "v7.avsc").exists() and not (schemas / "v8.avsc").exists()
     return target
 
 
@@ -118,7 +119,7 @@ def test_previous_release_killed_mid_record_then_this_one_takes_over(
     counts = sorted(o["count"] for o in outputs if o["n"] == 3)
     assert counts == [1, 2]  # the key's memory carried over the upgrade
     [killed] = [o for o in outputs if o["n"] == 1]
-    assert killed["results"] == ["fetch-1", "score-1"]  # replayed from v6 records
+    assert killed["results"] == ["fetch-1", "score-1"]  # replayed from v7 records
     assert killed["charge"] == {"charged": 1, "by": "reconciler"}  # not charged again
     assert crash.effects() == {
         "fetch": 3, "score": 3, "notify": 2,  # n = 4, 1, 5 (n=1: no notify)
@@ -126,11 +127,11 @@ def test_previous_release_killed_mid_record_then_this_one_takes_over(
         "first": 2, "second": 2,
     }  # fmt: skip
     assert new.alive and not critical_lines(new), new.log()
-    # The new worker wrote v7 (completion groups, or at least v7-framed records).
+    # The new worker wrote v8-framed records.
     assert new.terminate() == 0
     assert "calls_replayed=2" in new.log(), new.log()
 
-    # A worker of the previous release against a journal v7 wrote: refused, it exits.
+    # A worker of the previous release against a journal v8 wrote: refused, it exits.
     again = old_worker("old-again")
     deadline = time.monotonic() + 90
     while again.alive and time.monotonic() < deadline:
