@@ -150,7 +150,7 @@ def test_rebalance_while_commits_wait(guarantee, broker, topic_factory, worker_f
     the partitions: each hold is captured by one owner or the other, none twice-ended,
     every output once."""
     orders = [{"order": f"o{n}", "cents": 300 + n} for n in range(12)]
-    env, latches, ledger = _setup(broker, topic_factory, tmp_path, orders, partitions=4)
+    env, _, ledger = _setup(broker, topic_factory, tmp_path, orders, partitions=4)
     env["AS_COMMIT_S"] = "1.0"
     first = worker_factory(APP, env, extra_args=_args(guarantee))
     db = sqlite3.connect(ledger, timeout=60)
