@@ -400,6 +400,8 @@ class RunnerContext:
     @overload
     def execute(self, fn: DurableCallable[R], /, *args: Any, **kwargs: Any) -> R: ...
     @overload
+    def execute(self, fn: TwoPhaseCommitCallable[R], /, *args: Any, **kwargs: Any) -> R: ...
+    @overload
     def execute(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
     @overload
     def execute(  # type: ignore[overload-cannot-match]
@@ -413,7 +415,7 @@ class RunnerContext:
     ) -> R: ...
     def execute(  # type: ignore[misc]  # reconciler=/retry= are keyword-only, see above
         self,
-        fn: Callable[..., Any] | DurableCallable[Any],
+        fn: Callable[..., Any] | DurableCallable[Any] | TwoPhaseCommitCallable[Any],
         *args: Any,
         reconciler: Callable[..., Any] | None = None,
         retry: RetryPolicy | None = None,
@@ -467,6 +469,10 @@ class RunnerContext:
     ) -> Awaitable[R]: ...
     @overload
     def execute_async(
+        self, fn: TwoPhaseCommitCallable[R], /, *args: Any, **kwargs: Any
+    ) -> Awaitable[R]: ...
+    @overload
+    def execute_async(
         self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
     ) -> Awaitable[R]: ...
     @overload
@@ -495,7 +501,7 @@ class RunnerContext:
     ) -> Awaitable[R]: ...
     def execute_async(  # type: ignore[misc]  # reconciler=/retry= are keyword-only, see above
         self,
-        fn: Callable[..., Any] | DurableCallable[Any],
+        fn: Callable[..., Any] | DurableCallable[Any] | TwoPhaseCommitCallable[Any],
         *args: Any,
         reconciler: Callable[..., Any] | None = None,
         retry: RetryPolicy | None = None,
@@ -692,7 +698,7 @@ class RunnerContext:
     # -- slot bookkeeping -----------------------------------------------------------
     def _describe(
         self,
-        fn: Callable[..., Any] | DurableCallable[Any],
+        fn: Callable[..., Any] | DurableCallable[Any] | TwoPhaseCommitCallable[Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         reconciler: Callable[..., Any] | None,

@@ -3,6 +3,7 @@ see of the public API."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import assert_type
 
 from agents_stream import (
@@ -13,6 +14,7 @@ from agents_stream import (
     OutputEvent,
     RetryPolicy,
     RunnerContext,
+    TwoPhaseCommitCallable,
     action,
 )
 
@@ -39,6 +41,18 @@ class Charge(DurableCallable[str]):
         return "found"
 
 
+@dataclass
+class Hold(TwoPhaseCommitCallable[dict[str, str]]):
+    order: str
+
+    def prepare(self, call_id: str) -> dict[str, str]:
+        return {"hold": call_id}
+
+    def commit(self, prepared: dict[str, str]) -> None: ...
+
+    def abort(self, prepared: dict[str, str]) -> None: ...
+
+
 class Typed(Agent):
     @action(InputEvent)
     @staticmethod
@@ -49,6 +63,8 @@ class Typed(Agent):
         assert_type(await ctx.execute_async(score, "ada"), float)
         assert_type(ctx.execute(charge, 5), str)  # call_id injected
         assert_type(ctx.execute(Charge(), 5), str)
+        assert_type(ctx.execute(Hold("o-1")), dict[str, str])
+        assert_type(await ctx.execute_async(Hold("o-1")), dict[str, str])
         assert_type(
             ctx.execute(score, "ada", retry=RetryPolicy(max_attempts=2), reconciler=lambda: 1.0),
             float,
