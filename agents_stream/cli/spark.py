@@ -61,7 +61,8 @@ def register(subparsers: Any) -> None:
     audit.add_argument("--out", default="agents-stream-audit", help="output directory")
     audit.add_argument(
         "--stuck-after", type=float, default=300.0,
-        help="a PENDING call older than this many seconds is stuck (default 300)",
+        help="a PENDING call older than this many seconds is stuck, and so is a two-phase "
+        "call prepared that long ago that still owes its commit or abort (default 300)",
     )  # fmt: skip
     audit.add_argument("--no-inputs", action="store_true", help="skip the input topic join")
     audit.add_argument("--no-outputs", action="store_true", help="skip duplicate outputs")
@@ -115,12 +116,24 @@ def register(subparsers: Any) -> None:
 
     rec = sub.add_parser(
         "reconcile",
-        help="settle PENDING calls from a ledger (stop the app's workers first)",
+        help="settle PENDING calls from a ledger, two-phase calls left open (stop the "
+        "app's workers first)",
         description="Settles an app's PENDING calls from an external ledger (Parquet or "
-        "CSV) by journaling their results; the app's workers must be stopped.",
+        "CSV) by journaling their results and, with --two-phase, commits or aborts the "
+        "two-phase calls left open by the rules the workers follow; the app's workers "
+        "must be stopped.",
     )
     _common(rec)
-    rec.add_argument("--ledger", required=True, help="ledger file or directory (Parquet/CSV)")
+    rec.add_argument(
+        "--ledger", default=None,
+        help="ledger file or directory (Parquet/CSV); required unless --two-phase",
+    )  # fmt: skip
+    rec.add_argument(
+        "--two-phase", action="store_true",
+        help="also settle open two-phase calls (PREPARED, ABORTING): commit those whose "
+        "record completed below its partition's completed-through marker, abort the "
+        "others below it and those whose abort was decided; calls their commit/abort here",
+    )  # fmt: skip
     rec.add_argument("--ledger-format", choices=["parquet", "csv"], default=None)
     rec.add_argument("--id-column", default="call_id", help="ledger column to match on")
     rec.add_argument(
@@ -303,19 +316,25 @@ def run_backfill(args: argparse.Namespace) -> int:
 
 
 def run_reconcile(args: argparse.Namespace) -> int:
+    if args.ledger is None and not args.two_phase:
+        print("error: give --ledger (PENDING calls), --two-phase, or both", file=sys.stderr)
+        return 2
+
     def job(spark: Any, app: Any, bootstrap: str) -> dict[str, Any]:
         from ..spark.jobs.reconcile import Ledger
         from ..spark.jobs.reconcile import run_reconcile as reconcile
 
-        ledger = Ledger(
-            args.ledger, format=args.ledger_format, id_column=args.id_column,
-            match_on=args.match_on, status_column=args.status_column,
-            result_column=args.result_column, error_type_column=args.error_type_column,
-            error_message_column=args.error_message_column,
-        )  # fmt: skip
+        ledger = None
+        if args.ledger is not None:
+            ledger = Ledger(
+                args.ledger, format=args.ledger_format, id_column=args.id_column,
+                match_on=args.match_on, status_column=args.status_column,
+                result_column=args.result_column, error_type_column=args.error_type_column,
+                error_message_column=args.error_message_column,
+            )  # fmt: skip
         result = reconcile(
             spark, app, bootstrap, ledger, missing=args.missing, dry_run=args.dry_run,
-            force=args.force, out_dir=args.out,
+            force=args.force, out_dir=args.out, two_phase=args.two_phase,
         )  # fmt: skip
         return result.summary
 

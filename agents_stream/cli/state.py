@@ -23,6 +23,8 @@ from ..durable.journal import (
     MemorySnapshot,
     TimerEntry,
     Truncation,
+    TwoPhase,
+    TwoPhaseCall,
     action_ordinal,
     expand,
 )
@@ -52,7 +54,9 @@ def register(subparsers: Any) -> None:
         description=(
             "Print what the journal holds for one record key: per input record (seq) and "
             "action, whether it completed, each code block's call index, function, status "
-            "and result or exception, truncations, the key's memory and pending timers. "
+            "and result or exception, a two-phase call's phase (PREPARED, COMMITTED, "
+            "ABORTING, ABORTED), round, attempts and last error, truncations, the key's "
+            "memory and pending timers. "
             "Reads <app id>-action-state from the beginning to its end with a throwaway "
             "consumer (nothing is committed); waits up to --timeout (default 30 s)."
         ),
@@ -70,9 +74,9 @@ def register(subparsers: Any) -> None:
         description=(
             "Count the journal's live entries: per action, code blocks by status "
             "(PENDING, SUCCEEDED, FAILED), completed runs and truncations; then the keys "
-            "with memory and the pending timers. Reads <app id>-action-state to its end "
-            "with a throwaway consumer (nothing is committed); waits up to --timeout "
-            "(default 30 s)."
+            "with memory, the pending timers and the two-phase calls by phase. Reads "
+            "<app id>-action-state to its end with a throwaway consumer (nothing is "
+            "committed); waits up to --timeout (default 30 s)."
         ),
     )
     add_app_args(stats)
@@ -156,11 +160,14 @@ def entry_of_key(entry: JournalEntry, key: str) -> bool:
 
 
 def format_key(entries: list[JournalEntry]) -> list[str]:
-    """Lines for ``state show``: actions by (seq, ordinal), their calls by index."""
+    """Lines for ``state show``: actions by (seq, ordinal), their calls by index; a
+    call with a two-phase obligation (v8) has a line of it below, an obligation whose
+    slot is gone (pruned) a line of its own."""
     # Runs by (seq, action, input topic): two topics' records at one offset are two runs.
     calls: dict[tuple[int, str, str], list[CallEntry]] = defaultdict(list)
     done: dict[tuple[int, str, str], ActionDone] = {}
     truncations: dict[tuple[int, str, str], list[Truncation]] = defaultdict(list)
+    obligations: dict[tuple[int, str, str], dict[int, TwoPhaseCall]] = defaultdict(dict)
     memory: list[MemorySnapshot] = []
     timers: list[TimerEntry] = []
     for entry in entries:
@@ -170,13 +177,16 @@ def format_key(entries: list[JournalEntry]) -> list[str]:
             done[(entry.ref.seq, entry.ref.action, entry.ref.topic)] = entry
         elif isinstance(entry, Truncation):
             truncations[(entry.ref.seq, entry.ref.action, entry.ref.topic)].append(entry)
+        elif isinstance(entry, TwoPhaseCall):
+            obligations[(entry.ref.seq, entry.ref.action, entry.ref.topic)][entry.index] = entry
         elif isinstance(entry, TimerEntry):
             timers.append(entry)
         elif isinstance(entry, MemorySnapshot):
             memory.append(entry)
     lines = []
     runs = sorted(
-        {*calls, *done, *truncations}, key=lambda r: (r[2], r[0], action_ordinal(r[1]), r[1])
+        {*calls, *done, *truncations, *obligations},
+        key=lambda r: (r[2], r[0], action_ordinal(r[1]), r[1]),
     )
     for run in runs:
         seq, action, topic = run
@@ -189,9 +199,18 @@ def format_key(entries: list[JournalEntry]) -> list[str]:
         )
         where = f"topic {topic}  " if topic else ""
         lines.append(f"  {where}seq {seq}  action {action}  {state}")
+        owed = dict(obligations.get(run, {}))
         for call in sorted(calls[run], key=lambda c: c.index):
             lines.append(
                 f"    call {call.index}  {call.function_id}  {call.status.value}  {_outcome(call)}"
+            )
+            obligation = owed.pop(call.index, None)
+            if obligation is not None:
+                lines.append(f"      two-phase {_two_phase(obligation)}")
+        for index in sorted(owed):  # the slot is gone, the obligation is not
+            x = owed[index]
+            lines.append(
+                f"    two-phase call {index}  {x.function_id}  {_two_phase(x)}  (no call slot)"
             )
         for cut in truncations[run]:
             lines.append(
@@ -206,6 +225,14 @@ def format_key(entries: list[JournalEntry]) -> list[str]:
     return lines
 
 
+def _two_phase(x: TwoPhaseCall) -> str:
+    """An obligation's phase, round, attempts and last error, for ``state show``."""
+    shown = f"{x.phase.value}  round {x.round}  attempts {x.attempts}"
+    if x.last_error:
+        shown += f"  last error {short_payload(x.last_error.encode())}"
+    return shown
+
+
 def _unsent(done: ActionDone) -> str:
     """What ``state show`` says about outputs not known to be in the output topic (a run
     in flight, or a failed send: a replay sends them)."""
@@ -218,7 +245,8 @@ def _unsent(done: ActionDone) -> str:
 
 
 def format_stats(entries: list[JournalEntry]) -> list[str]:
-    """Lines for ``state stats``: per action, calls by status and completed runs."""
+    """Lines for ``state stats``: per action, calls by status and completed runs; keys
+    with memory, pending timers, and two-phase obligations by phase when there are any."""
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for entry in entries:
         if isinstance(entry, CallEntry):
@@ -236,6 +264,11 @@ def format_stats(entries: list[JournalEntry]) -> list[str]:
     keys = sum(isinstance(e, MemorySnapshot) for e in entries)
     lines.append(f"keys with memory: {keys}")
     lines.append(f"pending timers: {sum(isinstance(e, TimerEntry) for e in entries)}")
+    phases = Counter(e.phase for e in entries if isinstance(e, TwoPhaseCall))
+    if phases:  # v8: obligations by phase (PREPARED and ABORTING still owe a call)
+        by_phase = ", ".join(f"{phases[p]} {p.value}" for p in TwoPhase)
+        waiting = sum(n for p, n in phases.items() if p.open)
+        lines.append(f"two-phase calls: {by_phase} ({waiting} waiting)")
     return lines
 
 

@@ -18,6 +18,7 @@ from ..durable.journal import (
     MemorySnapshot,
     TimerEntry,
     Truncation,
+    TwoPhaseCall,
     action_ordinal,
 )
 from ..durable.output_identity import output_prefix
@@ -35,6 +36,8 @@ class CallView:
     replayed: str = ""
     # how its PENDING value (when the console read one) was settled
     settled: Settlement | None = None
+    # a two-phase call's obligation (v8): its phase, round, attempts, last error
+    obligation: TwoPhaseCall | None = None
 
 
 @dataclass
@@ -45,6 +48,14 @@ class RunView:
     calls: list[CallView] = field(default_factory=list)
     done: ActionDone | None = None
     truncations: list[Truncation] = field(default_factory=list)
+    # two-phase obligations by call index; those of calls in ``calls`` are also on them
+    obligations: dict[int, TwoPhaseCall] = field(default_factory=dict)
+
+    @property
+    def orphan_obligations(self) -> list[TwoPhaseCall]:
+        """Obligations whose call slot is gone (pruned, or compacted away)."""
+        slots = {view.call.index for view in self.calls}
+        return [x for i, x in sorted(self.obligations.items()) if i not in slots]
 
     def output_identities(self, origin: str) -> list[str]:
         if self.done is None:
@@ -89,6 +100,10 @@ def key_history(key: str, items: list[Located | Unreadable]) -> KeyHistory:
             run_of(entry.ref.topic, entry.ref.seq, entry.ref.action).done = entry
         elif isinstance(entry, Truncation):
             run_of(entry.ref.topic, entry.ref.seq, entry.ref.action).truncations.append(entry)
+        elif isinstance(entry, TwoPhaseCall):
+            run_of(entry.ref.topic, entry.ref.seq, entry.ref.action).obligations[entry.index] = (
+                entry
+            )
         elif isinstance(entry, MemorySnapshot):
             memory = entry
         elif isinstance(entry, TimerEntry):
@@ -96,6 +111,8 @@ def key_history(key: str, items: list[Located | Unreadable]) -> KeyHistory:
     ordered = sorted(runs.values(), key=lambda r: (r.topic, r.seq, action_ordinal(r.action)))
     for run in ordered:
         run.calls.sort(key=lambda c: c.call.index)
+        for view in run.calls:
+            view.obligation = run.obligations.get(view.call.index)
         _mark_replays(run)
     unreadable.sort(key=lambda u: (u.partition, u.offset))
     return KeyHistory(key, ordered, memory, sorted(timers, key=lambda t: t.ts), unreadable)

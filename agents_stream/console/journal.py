@@ -33,6 +33,7 @@ from ..durable.journal import (
     CompletionGroup,
     JournalEntry,
     MemorySnapshot,
+    TwoPhaseCall,
 )
 from ..durable.keys import RECORD_KINDS, call_key, decode_identity, done_key, identity_fields
 from ..durable.output_identity import output_prefix
@@ -40,8 +41,9 @@ from ..durable.output_identity import output_prefix
 log = logging.getLogger(__name__)
 
 # Kinds of ActionState key that belong to a record key: calls, action runs, truncations
-# (RECORD_KINDS) and memory (timers are keyed by partition first).
-_KEYED = frozenset({*RECORD_KINDS, "m"})
+# (RECORD_KINDS), two-phase obligations (``x``, v8) and memory (timers are keyed by
+# partition first).
+_KEYED = frozenset({*RECORD_KINDS, "x", "m"})
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,8 @@ class SettledCall:
 # beside a set per key and a map by call id: that took 526 bytes per record beyond the
 # record's key and value, this 145 (bench/bench_console.py, a million records).
 _HEAD = struct.Struct(">Biq")
-KINDS = ("PENDING", "SUCCEEDED", "FAILED", "completed", "memory", "other", "unreadable")
+KINDS = ("PENDING", "SUCCEEDED", "FAILED", "completed", "memory", "two-phase", "other",
+         "unreadable")  # fmt: skip
 _CODE = {kind: code for code, kind in enumerate(KINDS)}
 _COMPLETED, _UNREADABLE = _CODE["completed"], _CODE["unreadable"]
 RECENT = 100  # settled PENDING calls kept for /pending, newest last
@@ -146,6 +149,8 @@ def _kind(entry: JournalEntry) -> str:
         return "completed"
     if isinstance(entry, MemorySnapshot):
         return "memory"
+    if isinstance(entry, TwoPhaseCall):
+        return "two-phase"
     return "other"
 
 
@@ -171,6 +176,7 @@ class JournalIndex:
         self._other: dict[bytes, bytes] = {}  # readable entries of no record key (markers)
         self._size = 0
         self._pending: dict[bytes, CallEntry] = {}
+        self._open: dict[bytes, int] = {}  # open two-phase obligation -> its partition
         self._settled: dict[bytes, Settlement] = {}
         self._recent: deque[SettledCall] = deque(maxlen=RECENT)
         self._unreadable: dict[bytes, Unreadable] = {}
@@ -204,6 +210,10 @@ class JournalIndex:
                 self._keep(raw_key, shown, _UNREADABLE, partition, offset, value)
                 return
             self._keep(raw_key, key, _CODE[_kind(entry)], partition, offset, value)
+            if isinstance(entry, TwoPhaseCall):
+                if entry.phase.open:  # a commit or an abort still owed
+                    self._open[raw_key] = partition
+                return
             if key is None or not isinstance(entry, CallEntry | ActionDone):
                 return
             if isinstance(entry, ActionDone):
@@ -273,6 +283,7 @@ class JournalIndex:
             del self._keys[name]
         self._pending.pop(raw_key, None)
         self._settled.pop(raw_key, None)
+        self._open.pop(raw_key, None)
         if code == _COMPLETED:
             fields = identity_fields(decode_identity(raw_key))
             try:
@@ -318,6 +329,16 @@ class JournalIndex:
         first (kept after their slots are pruned: a history, not live entries)."""
         with self._lock:
             return list(reversed(self._recent))
+
+    def two_phase_waiting(self) -> dict[int, int]:
+        """Open two-phase obligations (PREPARED or ABORTING: a commit or an abort still
+        owed) per ActionState partition, the input partition whose owner settles them."""
+        with self._lock:
+            partitions = list(self._open.values())
+        waiting: dict[int, int] = {}
+        for partition in partitions:
+            waiting[partition] = waiting.get(partition, 0) + 1
+        return dict(sorted(waiting.items()))
 
     def unreadable(self) -> list[Unreadable]:
         with self._lock:
@@ -390,7 +411,7 @@ class JournalIndex:
 
     def stats(self) -> dict[str, int]:
         """Live entries, keys, and entries per kind (PENDING, SUCCEEDED, FAILED,
-        completed, memory, unreadable, other)."""
+        completed, memory, two-phase obligations, unreadable, other)."""
         with self._lock:
             counts = {kind: n for kind, n in zip(KINDS, self._counts, strict=True) if n}
             return {"entries": self._size, "keys": len(self._keys), **counts}

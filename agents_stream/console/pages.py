@@ -7,13 +7,13 @@ JSON text (what ``state show`` prints), shortened, and never unpickled.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from urllib.parse import quote
 
 from ..cli.dlq import DeadLetter, describe
 from ..cli.state import short_payload
-from ..durable.journal import CallEntry
+from ..durable.journal import CallEntry, TwoPhaseCall
 from .cluster import MetricsScraper, Overview
 from .history import CallView, KeyHistory
 from .journal import SettledCall, Settlement, Unreadable
@@ -111,7 +111,10 @@ def overview_body(
     overview_error: str,
     metrics: list[tuple[str, dict[str, float], dict[str, float], str]],
     unreadable: Sequence[Unreadable],
+    two_phase: Mapping[int, int] | None = None,
 ) -> str:
+    """``two_phase``: open two-phase obligations (commits or aborts owed) per journal
+    partition (:meth:`~.journal.JournalIndex.two_phase_waiting`)."""
     parts = [
         "<h3>Agents</h3>",
         table(
@@ -128,6 +131,7 @@ def overview_body(
     parts.append(table(list(order), [("", [text(stats.get(k, 0)) for k in order])]))
     if unreadable:
         parts.append("<h3>Unreadable journal records</h3>" + unreadable_rows(unreadable))
+    parts.append(_two_phase_waiting(two_phase or {}, stats.get("two-phase", 0)))
     parts.append("<h3>Input partitions</h3>")
     if overview is None:
         parts.append(f'<p class="bad">{text(overview_error)}</p>')
@@ -168,6 +172,26 @@ def overview_body(
     return "".join(parts)
 
 
+def _two_phase_waiting(waiting: Mapping[int, int], obligations: int) -> str:
+    """The overview's two-phase section: open obligations per partition (nothing when
+    the journal holds no obligation at all)."""
+    if not waiting:
+        if not obligations:
+            return ""
+        return "<h3>Two-phase calls waiting</h3><p>None: every prepared call is settled.</p>"
+    intro = (
+        '<p class="note">A two-phase call waits (PREPARED or ABORTING) until the owner of '
+        "its partition commits it (its record completed and is below the completed-through "
+        "marker) or aborts it; a waiting record is not pruned.</p>"
+    )
+    rows = (("pending", [text(p), text(n)]) for p, n in waiting.items())
+    return (
+        f"<h3>Two-phase calls waiting ({text(sum(waiting.values()))})</h3>"
+        + intro
+        + table(["partition", "waiting"], rows)
+    )
+
+
 def _metrics_table(metrics: list[tuple[str, dict[str, float], dict[str, float], str]]) -> str:
     names = MetricsScraper.WATCHED
     rows = []
@@ -205,6 +229,7 @@ def history_body(history: KeyHistory, origin: str, decode_output: object) -> str
                 )
         topic = f"{text(run.topic)} " if run.topic else ""
         parts.append(f"<h3>{topic}seq {text(run.seq)} · {text(run.action)} · {state}</h3>")
+        two_phase = bool(run.obligations)
         parts.append(
             table(
                 [
@@ -219,10 +244,31 @@ def history_body(history: KeyHistory, origin: str, decode_output: object) -> str
                     "call id",
                     "replay",
                     "after PENDING",
+                    *(["two-phase"] if two_phase else []),
                 ],
-                (_call_row(view) for view in run.calls),
+                (_call_row(view, two_phase) for view in run.calls),
             )
         )
+        orphans = run.orphan_obligations
+        if orphans:
+            parts.append(
+                "<p>two-phase obligations whose call slot is gone:</p>"
+                + table(
+                    ["#", "function", "two-phase", "call id"],
+                    (
+                        (
+                            _phase_class(x),
+                            [
+                                text(x.index),
+                                f"<code>{text(x.function_id)}</code>",
+                                _two_phase_cell(x),
+                                f"<code>{text(x.call_id)}</code>",
+                            ],
+                        )
+                        for x in orphans
+                    ),
+                )
+            )
         for cut in run.truncations:
             parts.append(
                 f'<p class="bad">truncated at call {text(cut.index)}: the action now calls '
@@ -285,7 +331,28 @@ def _settled_text(settled: Settlement | None) -> str:
     return "" if settled is None else settled.describe()
 
 
-def _call_row(view: CallView) -> tuple[str, list[str]]:
+def _phase_class(x: TwoPhaseCall) -> str:
+    return "pending" if x.phase.open else ""
+
+
+def _two_phase_cell(x: TwoPhaseCall | None) -> str:
+    """A two-phase call's phase, round, attempts and last error."""
+    if x is None:
+        return ""
+    shown = f"<b>{text(x.phase.value)}</b> · round {text(x.round)}"
+    shown += f" · {text(x.attempts)} attempt(s)"
+    if x.settled_ms:
+        shown += f" · settled {text(when(x.settled_ms))} UTC"
+    if x.worker_id:
+        shown += f" · by {text(x.worker_id)}"
+    if x.last_error:
+        shown += (
+            f'<br><span class="muted">last error: {text(payload(x.last_error.encode()))}</span>'
+        )
+    return shown
+
+
+def _call_row(view: CallView, two_phase: bool = False) -> tuple[str, list[str]]:
     call, replayed = view.call, view.replayed
     status = call.status.value
     if call.exception is not None:
@@ -299,6 +366,8 @@ def _call_row(view: CallView) -> tuple[str, list[str]]:
         duration = f"{call.finished_ms - call.started_ms} ms"
     cls = "pending" if status == "PENDING" else "bad" if status == "FAILED" else ""
     reconciled = view.settled is not None and view.settled.how == "reconciler"
+    if not cls and view.obligation is not None:
+        cls = _phase_class(view.obligation)
     if not cls:
         cls = "reconciled" if reconciled else "replayed" if replayed else ""
     return cls, [
@@ -313,6 +382,7 @@ def _call_row(view: CallView) -> tuple[str, list[str]]:
         f"<code>{text(call.call_id)}</code>",
         text(replayed or "no"),
         text(_settled_text(view.settled)),
+        *([_two_phase_cell(view.obligation)] if two_phase else []),
     ]
 
 

@@ -101,6 +101,7 @@ async def overview(request: web.Request) -> web.Response:
         cluster_error,
         metrics,
         console.index.unreadable()[:100],
+        console.index.two_phase_waiting(),
     )
     return console.page("Overview", body, live=True)
 

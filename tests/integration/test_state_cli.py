@@ -16,6 +16,8 @@ from agents_stream.durable.journal import (
     CallStatus,
     ExceptionInfo,
     MemorySnapshot,
+    TwoPhase,
+    TwoPhaseCall,
 )
 from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde import default_journal_codec
@@ -125,6 +127,24 @@ def test_undecodable_value_is_reported_not_fatal(broker, app_factory, capsys):
     captured = capsys.readouterr()
     assert "call 0  f  SUCCEEDED" in captured.out
     assert "key='k' seq=1 action='A.run#0' call_index=1" in captured.err
+
+
+def test_two_phase_obligations_in_show_and_stats(broker, app_factory, capsys):
+    """Issue 65: the obligation beside a call slot (its own ``x`` record) is read and
+    shown with its phase; stats count obligations by phase."""
+    spec, topic = app_factory(partitions=1)
+    ref = ActionRef("order-1", 3, "Orders.pay#0", topic="orders")
+    slot = CallEntry(ref, 0, "app.Charge", "d", CallStatus.SUCCEEDED, b'{"hold":"h-1"}')
+    x = TwoPhaseCall(ref, 0, "app.Charge", "d", TwoPhase.ABORTING, b"\x01\x01{}",
+                     b'{"hold":"h-1"}', attempts=1, last_error="psp.Down: 503")  # fmt: skip
+    produce(broker.bootstrap, topic, journal([x, slot]))
+    assert main(["state", "show", "-A", spec, "order-1"]) == 0
+    out = capsys.readouterr().out
+    assert "call 0  app.Charge  SUCCEEDED" in out
+    assert "two-phase ABORTING  round 0  attempts 1  last error psp.Down: 503" in out
+    assert main(["state", "stats", "-A", spec]) == 0
+    out = capsys.readouterr().out
+    assert "two-phase calls: 0 PREPARED, 0 COMMITTED, 1 ABORTING, 0 ABORTED (1 waiting)" in out
 
 
 def test_no_broker_configured(tmp_path, monkeypatch, capsys):

@@ -207,7 +207,9 @@ def _same_audit_in_spark(spark, app, bootstrap, result, now_ms):
     }
     for other in (split, overflow):
         assert other.summary == journal_only
-        for name in ("status_counts", "in_flight", "stuck", "truncations", "undecodable"):
+        tables = ("status_counts", "in_flight", "stuck", "stuck_two_phase", "truncations",
+                  "undecodable")  # fmt: skip
+        for name in tables:
             assert _rows(other.tables[name]) == _rows(result.tables[name]), name
         examples = ("example_message", "example_call_id")  # any row of the group
         assert _rows(other.tables["failures"], examples) == _rows(

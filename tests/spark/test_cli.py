@@ -28,6 +28,13 @@ def test_spark_commands_are_registered():
             ["spark", job, "-A", "m:app", *(["--ledger", "x"] if job == "reconcile" else [])]
         )
         assert args.spark_command == job and callable(args.func)
+    two_phase = parser.parse_args(["spark", "reconcile", "-A", "m:app", "--two-phase"])
+    assert two_phase.two_phase and two_phase.ledger is None  # no ledger: two-phase only
+
+
+def test_reconcile_needs_a_ledger_or_two_phase(capsys):
+    assert main(["spark", "reconcile", "-A", "m:app"]) == 2
+    assert "give --ledger (PENDING calls), --two-phase, or both" in capsys.readouterr().err
 
 
 @pytest.mark.broker

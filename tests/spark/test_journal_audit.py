@@ -22,6 +22,8 @@ from agents_stream.durable.journal import (
     InputProgress,
     MemorySnapshot,
     Truncation,
+    TwoPhase,
+    TwoPhaseCall,
 )
 from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.serde.journal import default_journal_codec
@@ -98,6 +100,21 @@ truncations = st.builds(
     dropped=st.integers(1, 3),
     at_ms=st.integers(0, NOW),
 )
+obligations = st.builds(
+    TwoPhaseCall,
+    ref=refs,
+    index=st.integers(0, 2),
+    function_id=st.just("f.charge"),
+    args_digest=st.just("ab" * 8),
+    phase=st.sampled_from(list(TwoPhase)),
+    target=st.just(b"\x01\x01{}"),
+    prepared=st.just(b'{"hold":"h"}'),
+    call_id=st.text("xyz", min_size=1, max_size=3),
+    round=st.integers(0, 2),
+    prepared_ms=st.integers(NOW - 2 * STUCK_AFTER, NOW) | st.just(NOW - STUCK_AFTER),
+    attempts=st.integers(0, 3),
+    last_error=st.sampled_from(["", "psp.Down: 503"]),
+)
 snapshots = st.builds(
     MemorySnapshot, key=st.sampled_from(["a", "b"]), applied_seq=st.integers(0, 4)
 )
@@ -107,7 +124,9 @@ progress = st.builds(
 # A call or completion whose body was cut short: undecodable behind a valid head, where
 # the audit reads a few fields without decoding the rest.
 cut = st.tuples(st.just("cut"), calls | dones, st.integers(1, 40))
-entries = st.one_of(calls, dones, truncations, snapshots, progress, st.just("garbage"), cut)
+entries = st.one_of(
+    calls, dones, truncations, snapshots, progress, obligations, st.just("garbage"), cut
+)
 
 
 def _with_partition(entry: Any, partition: int) -> Any:
@@ -176,6 +195,10 @@ def _model(partitions: dict[int, list[Msg]]) -> tuple[dict[str, Any], dict[str, 
     stuck = [
         r for r in call_rows if r["status"] == "PENDING" and r["started_ms"] < NOW - STUCK_AFTER
     ]
+    waiting = [
+        r for r in rows if r["kind"] == "two_phase" and r["phase"] in ("PREPARED", "ABORTING")
+    ]
+    stuck_two_phase = [r for r in waiting if r["started_ms"] < NOW - STUCK_AFTER]
     failures: dict[Any, list[Any]] = {}
     for r in call_rows:
         if r["status"] == "FAILED":
@@ -190,6 +213,7 @@ def _model(partitions: dict[int, list[Msg]]) -> tuple[dict[str, Any], dict[str, 
         ],
         "in_flight": [{k: v for k, v in r.items() if k != "_topic"} for r in in_flight],
         "stuck": stuck,
+        "stuck_two_phase": stuck_two_phase,
         "failures": failures,
         "truncations": [r for r in rows if r["kind"] == "truncation"],
         "undecodable": [r for r in rows if r["kind"] == "undecodable"],
@@ -204,6 +228,8 @@ def _model(partitions: dict[int, list[Msg]]) -> tuple[dict[str, Any], dict[str, 
         "calls_failed": sum(1 for r in call_rows if r["status"] == "FAILED"),
         "calls_pending": sum(1 for r in call_rows if r["status"] == "PENDING"),
         "stuck_calls": len(stuck),
+        "two_phase_waiting": len(waiting),
+        "stuck_two_phase_calls": len(stuck_two_phase),
         "truncations": kinds["truncation"],
         "undecodable_records": kinds["undecodable"],
         "memory_snapshots": kinds["memory"],
@@ -239,6 +265,14 @@ def test_one_pass_view_matches_the_journal_model(per_partition):
     started = [r["started_ms"] for r in got["stuck"]]
     assert started == sorted(started)
     assert all(r["age_s"] == (NOW - r["started_ms"]) / 1000 for r in got["stuck"])
+    two_phase_cols = ["partition", "offset", "topic", "key", "seq", "action", "index", "phase",
+                      "function_id", "call_id", "round", "attempts", "last_error", "worker_id"]  # fmt: skip
+    assert _bag(got["stuck_two_phase"], two_phase_cols) == _bag(
+        want_tables["stuck_two_phase"], two_phase_cols
+    )
+    assert all(r["age_s"] == (NOW - r["prepared_ms"]) / 1000 for r in got["stuck_two_phase"])
+    prepared = [r["prepared_ms"] for r in got["stuck_two_phase"]]
+    assert prepared == sorted(prepared)
     failures = {r["exception_type"]: r for r in got["failures"]}
     assert set(failures) == set(want_tables["failures"])
     for exc_type, (n, functions, examples) in want_tables["failures"].items():

@@ -36,6 +36,28 @@ def test_golden_values_decode_to_rows(path):
         assert row["status"] == "PENDING"
     if "call-failed" in path.name:
         assert row["status"] == "FAILED" and row["exception_type"]
+    if "two-phase" in path.name:  # v8 obligations: a call-shaped row with its phase
+        assert row["kind"] == "two_phase" and row["index"] == 1
+        assert row["phase"] == ("PREPARED" if "prepared" in path.name else "COMMITTED")
+        assert row["result_json"] == '{"hold":"h-1"}' and "status" not in row
+
+
+def test_a_two_phase_obligation_is_a_row_like_its_call():
+    value = (GOLDEN / "v8-two-phase-committed.bin").read_bytes()
+    batch = pa.RecordBatch.from_pylist(
+        [{"key": b"x", "value": value, "partition": 1, "offset": 4, "timestamp_ms": 5}]
+    )
+    [out] = list(decode_batches([batch]))
+    [row] = out.to_pylist()
+    assert out.schema == JOURNAL_ARROW_SCHEMA
+    fields = decode_record(default_journal_codec(), b"x", value)
+    assert {k: v for k, v in row.items() if v is not None} == {
+        **fields, "partition": 1, "offset": 4, "timestamp_ms": 5,
+    }  # fmt: skip
+    assert (row["kind"], row["phase"], row["round"], row["attempts"]) == (
+        "two_phase", "COMMITTED", 1, 2,
+    )  # fmt: skip
+    assert row["finished_ms"] == 1_700_000_005_500 and row["last_error"].startswith("psp.Timeout")
 
 
 def test_a_completion_group_is_a_row_per_action_done():

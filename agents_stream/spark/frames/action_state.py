@@ -151,8 +151,8 @@ def read_journal(
 
     Returns:
         Journal rows (see :data:`agents_stream.spark.frames.journal_rows.JOURNAL_COLUMNS`); the
-        ``kind`` column is ``call``, ``done``, ``memory``, ``truncation`` or
-        ``undecodable``.
+        ``kind`` column is ``call``, ``done``, ``memory``, ``truncation``, ``progress``,
+        ``two_phase`` (a two-phase obligation, v8) or ``undecodable``.
     """
     topic, registry = _target(app_or_topic, registry_url)
     if splits_partitions(options):

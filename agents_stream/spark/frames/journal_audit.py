@@ -12,6 +12,8 @@ per-ActionState work there and yield only what the audit shows:
 - ``state``: each ActionState *without* an ActionDone, with its call counts (completed
   ones are only counted);
 - ``pending``: each PENDING call (the driver keeps the stuck ones: its ``now`` decides);
+- ``obligation``: each open two-phase obligation (v8: PREPARED or ABORTING, a commit or
+  an abort still owed; the driver keeps those prepared before the stuck threshold);
 - ``failure``: FAILED calls per exception type: count, function ids, an example;
 - ``truncation`` and ``undecodable``: their records;
 - ``totals``: live records, ActionStates, completed ones and memory snapshots;
@@ -32,7 +34,14 @@ from typing import Any
 import pyarrow as pa
 
 from ...durable.errors import JournalDecodeError
-from ...durable.journal import ActionDone, CallEntry, CompletionGroup, MemorySnapshot, Truncation
+from ...durable.journal import (
+    ActionDone,
+    CallEntry,
+    CompletionGroup,
+    MemorySnapshot,
+    Truncation,
+    TwoPhaseCall,
+)
 from ...serde.journal import JournalCodec
 from .journal_rows import JOURNAL_TYPES, _action_name, _key_fields, call_status, skim, skims
 
@@ -42,6 +51,7 @@ _COUNTS = ("pending_calls", "failed_calls", "succeeded_calls", "calls", "count",
 _OWN_TYPES: dict[str, tuple[pa.DataType, str]] = {
     "part": (pa.string(), "STRING"),
     "functions": (pa.list_(pa.string()), "ARRAY<STRING>"),
+    "prepared_ms": (pa.int64(), "BIGINT"),
     **{name: (pa.int64(), "BIGINT") for name in _COUNTS},
 }
 _JOURNAL_TYPES = {name: (typ, ddl) for name, typ, ddl in JOURNAL_TYPES}
@@ -53,6 +63,8 @@ _COLUMNS: list[tuple[str, pa.DataType, str]] = [
         "pending_calls", "failed_calls", "succeeded_calls", "calls", "exception_type",
         "exception_message", "functions", "expected_function_id", "recorded_function_id",
         "expected_args_digest", "recorded_args_digest", "dropped", "at_ms", "error",
+        # ``obligation``: an open two-phase call's phase, round, when it was prepared
+        "phase", "round", "prepared_ms", "last_error",
         # ``status``/``failure``: calls counted; ``totals``: live records, ActionStates...
         "count", "states", "completed", "memory",
     )
@@ -75,6 +87,7 @@ def _row(part: str, **fields: Any) -> list[Any]:
 
 
 _PENDING_FIELDS = ("index", "function_id", "call_id", "started_ms", "attempts", "worker_id")
+_OBLIGATION_FIELDS = ("index", "function_id", "call_id", "round", "attempts", "worker_id")
 _TRUNCATION_FIELDS = ("index", "expected_function_id", "recorded_function_id",
                       "expected_args_digest", "recorded_args_digest", "dropped", "at_ms")  # fmt: skip
 
@@ -191,6 +204,13 @@ def audit_batch(
             rows.append(_entry_row("truncation", partition, entry, _TRUNCATION_FIELDS))
         elif type(entry) is MemorySnapshot:
             memory += 1
+        elif type(entry) is TwoPhaseCall and entry.phase.open:
+            row = _entry_row("obligation", partition, entry, _OBLIGATION_FIELDS)
+            row[_INDEX["offset"]] = m.offset()
+            row[_INDEX["phase"]] = entry.phase.value
+            row[_INDEX["prepared_ms"]] = entry.prepared_ms
+            row[_INDEX["last_error"]] = entry.last_error or None
+            rows.append(row)
     completed = 0
     for (topic, key, seq, action), (pending, failed, ok, calls, done) in states.items():
         if done:
@@ -251,6 +271,9 @@ _TABLE_COLUMNS = {
     "stuck": ("partition", "key", "seq", "action", "index", "call_id", "function_id",
               "started_ms", "age_s", "attempts", "worker_id"),
     "failures": ("exception_type", "calls", "functions", "example_message", "example_call_id"),
+    "stuck_two_phase": ("partition", "offset", "topic", "key", "seq", "action", "index",
+                        "phase", "function_id", "call_id", "prepared_ms", "age_s", "round",
+                        "attempts", "last_error", "worker_id"),
     "truncations": ("partition", "key", "seq", "action", "index", "expected_function_id",
                     "recorded_function_id", "expected_args_digest", "recorded_args_digest",
                     "dropped", "at_ms"),
@@ -312,6 +335,13 @@ def merge_audit(
         if r["started_ms"] is not None and r["started_ms"] < threshold
     ]
     stuck.sort(key=lambda r: r["started_ms"])
+    obligations = by_part.get("obligation", ())
+    stuck_two_phase = [
+        {**r, "age_s": (now_ms - r["prepared_ms"]) / 1000}
+        for r in obligations
+        if r["prepared_ms"] is not None and r["prepared_ms"] < threshold
+    ]
+    stuck_two_phase.sort(key=lambda r: r["prepared_ms"])
     in_flight = sorted(
         by_part.get("state", ()),
         key=lambda r: (
@@ -345,6 +375,7 @@ def merge_audit(
         ),
         "in_flight": _table("in_flight", in_flight),
         "stuck": _table("stuck", stuck),
+        "stuck_two_phase": _table("stuck_two_phase", stuck_two_phase),
         "failures": _table("failures", failure_rows),
         "truncations": _table("truncations", by_part.get("truncation", [])),
         "undecodable": _table("undecodable", by_part.get("undecodable", [])),
@@ -362,6 +393,8 @@ def merge_audit(
         "calls_failed": calls_by_status.get("FAILED", 0),
         "calls_pending": calls_by_status.get("PENDING", 0),
         "stuck_calls": len(stuck),
+        "two_phase_waiting": len(obligations),
+        "stuck_two_phase_calls": len(stuck_two_phase),
         "truncations": len(by_part.get("truncation", ())),
         "undecodable_records": len(by_part.get("undecodable", ())),
         "memory_snapshots": sum(r["memory"] for r in totals),

@@ -2,10 +2,11 @@
 
 One journal record (a live value of the ActionState topic) becomes one row of
 :data:`JOURNAL_COLUMNS`, whatever its kind (call slot, action completion, memory
-snapshot, truncation) and whatever schema version wrote it (v1..v3 decode to today's
-dataclasses through :func:`~agents_stream.serde.journal.default_journal_codec`). Payloads
-(call results, outputs) are shown as JSON text when they are UTF-8 JSON; other payloads
-(e.g. an app's opt-in pickle codec) are *never* deserialized here, only sized.
+snapshot, truncation, two-phase obligation) and whatever schema version wrote it
+(v1..v3 decode to today's dataclasses through
+:func:`~agents_stream.serde.journal.default_journal_codec`). Payloads (call results,
+outputs) are shown as JSON text when they are UTF-8 JSON; other payloads (e.g. an app's
+opt-in pickle codec) are *never* deserialized here, only sized.
 
 A value that cannot be decoded is not fatal: it becomes a row of kind ``undecodable``
 whose ``error`` names the slot (key, seq, action, call index), so an audit can count and
@@ -31,6 +32,7 @@ from ...durable.journal import (
     JournalEntry,
     MemorySnapshot,
     Truncation,
+    TwoPhaseCall,
     expand,
 )
 from ...durable.values import MAGIC, VERSION
@@ -82,6 +84,15 @@ JOURNAL_TYPES: list[tuple[str, pa.DataType, str]] = [
     # Of an ActionDone not marked emitted: the indexes of its outputs known to be in the
     # output topic (a send of them partly failed; v6).
     ("emitted_outputs", pa.list_(pa.int32()), "ARRAY<INT>"),
+    # Of a "two_phase" row (a TwoPhaseCall obligation, v8): its phase (PREPARED,
+    # COMMITTED, ABORTING, ABORTED), its round (a preparation made afresh after an abort
+    # is round + 1) and the error of its last failed commit or abort. Its other fields
+    # are those of a call row: ``result_json``/``result_size`` the prepared result,
+    # ``started_ms`` when it was prepared, ``finished_ms`` when it was settled (0: not
+    # yet), ``attempts`` of commit/abort, ``worker_id`` who wrote it last.
+    ("phase", pa.string(), "STRING"),
+    ("round", pa.int32(), "INT"),
+    ("last_error", pa.string(), "STRING"),
 ]
 
 JOURNAL_COLUMNS: list[str] = [name for name, _, _ in JOURNAL_TYPES]
@@ -93,7 +104,7 @@ JOURNAL_ARROW_SCHEMA = pa.schema([pa.field(name, typ) for name, typ, _ in JOURNA
 JOURNAL_DDL = ", ".join(f"`{name}` {ddl}" for name, _, ddl in JOURNAL_TYPES)
 """Spark DDL schema of decoded journal rows."""
 
-KINDS = ("call", "done", "memory", "truncation", "progress", "undecodable")
+KINDS = ("call", "done", "memory", "truncation", "progress", "two_phase", "undecodable")
 """Kinds this reader names; entry kinds added later appear as their class name, lowercased."""
 
 
@@ -172,6 +183,25 @@ def entry_row(entry: JournalEntry) -> dict[str, Any]:
             "recorded_args_digest": entry.recorded_args_digest,
             "dropped": entry.dropped,
             "at_ms": entry.at_ms,
+        }
+    if isinstance(entry, TwoPhaseCall):
+        prepared = entry.prepared
+        return {
+            "kind": "two_phase",
+            **_ref(entry.ref),
+            "index": entry.index,
+            "function_id": entry.function_id,
+            "args_digest": entry.args_digest,
+            "phase": entry.phase.value,
+            "result_json": payload_json(prepared),
+            "result_size": None if prepared is None else len(prepared),
+            "call_id": entry.call_id,
+            "round": entry.round,
+            "started_ms": entry.prepared_ms,
+            "finished_ms": entry.settled_ms,
+            "attempts": entry.attempts,
+            "last_error": entry.last_error or None,
+            "worker_id": entry.worker_id,
         }
     if isinstance(entry, InputProgress):
         return {
@@ -460,6 +490,9 @@ def _call_values(e: CallEntry) -> tuple[Any, ...]:
         None,  # raw_value
         ref.topic,
         None,  # emitted_outputs
+        None,  # phase
+        None,  # round
+        None,  # last_error
     )
 
 
@@ -501,6 +534,9 @@ def _done_values(e: ActionDone) -> tuple[Any, ...]:
         None,  # raw_value
         ref.topic,
         list(e.emitted_outputs),
+        None,  # phase
+        None,  # round
+        None,  # last_error
     )
 
 

@@ -6,9 +6,11 @@ app's group is only *asked* for its committed offsets). Steps, each a named Spar
 1. Read the ActionState topic, apply compaction and decode it (any schema version).
 2. Tables from the journal: calls per action and status (``status_counts``), ActionStates
    without an ActionDone (``in_flight``), PENDING calls started longer ago than the
-   threshold (``stuck``), FAILED calls by exception type (``failures``), truncations
-   (``truncations``: non-determinism evidence) and undecodable records
-   (``undecodable``).
+   threshold (``stuck``), two-phase calls (v8) still waiting for their commit or abort
+   (PREPARED or ABORTING) prepared longer ago than the same threshold
+   (``stuck_two_phase``: settle them with ``spark reconcile --two-phase``), FAILED calls
+   by exception type (``failures``), truncations (``truncations``: non-determinism
+   evidence) and undecodable records (``undecodable``).
 
    Steps 1 and 2 are one Spark job: each partition's reader compacts and decodes its
    Kafka partition and does the per-ActionState work there (an ActionState's records
@@ -53,6 +55,7 @@ import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from ...app import App
+from ...durable.journal import TwoPhase
 from ...durable.output_identity import OUTPUT_HEADER
 from ..frames.action_state import (
     action_states,
@@ -75,6 +78,7 @@ TABLES = (
     "status_counts",
     "in_flight",
     "stuck",
+    "stuck_two_phase",
     "failures",
     "truncations",
     "undecodable",
@@ -107,6 +111,7 @@ def journal_tables(
     """The tables that need only the decoded journal (step 2); ``states`` defaults to
     :func:`~agents_stream.spark.frames.action_state.action_states` of ``journal``."""
     calls = journal.where(F.col("kind") == "call")
+    waiting = journal.where((F.col("kind") == "two_phase") & F.col("phase").isin(*OPEN_PHASES))
     states = states if states is not None else action_states(journal)
     return {
         "status_counts": calls.groupBy("action_name", "status")
@@ -143,6 +148,26 @@ def journal_tables(
             "worker_id",
         )
         .orderBy("started_ms"),
+        "stuck_two_phase": waiting.where(F.col("started_ms") < F.lit(now_ms - stuck_after_ms))
+        .select(
+            "partition",
+            "offset",
+            "topic",
+            "key",
+            "seq",
+            "action",
+            "index",
+            "phase",
+            "function_id",
+            "call_id",
+            F.col("started_ms").alias("prepared_ms"),  # a two_phase row's preparation time
+            ((F.lit(now_ms) - F.col("started_ms")) / 1000).alias("age_s"),
+            "round",
+            "attempts",
+            "last_error",
+            "worker_id",
+        )
+        .orderBy("prepared_ms"),
         "failures": calls.where(F.col("status") == "FAILED")
         .groupBy("exception_type")
         .agg(
@@ -169,6 +194,10 @@ def journal_tables(
             "partition", "offset", "key", "seq", "action", "index", "error"
         ),
     }
+
+
+OPEN_PHASES = (TwoPhase.PREPARED.value, TwoPhase.ABORTING.value)
+"""Phases of a two-phase obligation that still owes a commit or an abort."""
 
 
 def state_counts(journal: DataFrame) -> DataFrame:
@@ -334,7 +363,8 @@ def run_audit(
             input and output topics).
         bootstrap: bootstrap servers.
         out_dir: directory for Parquet tables and reports; ``None`` writes nothing.
-        stuck_after_s: a PENDING call started longer ago than this is *stuck*.
+        stuck_after_s: a PENDING call started longer ago than this is *stuck*; so is a
+            two-phase call still owing its commit or abort prepared longer ago.
         now_ms: the audit's notion of now (epoch ms; default the wall clock).
         inputs: compute ``missing_inputs`` (reads every input topic).
         outputs: compute ``duplicate_outputs`` (reads every output topic).
@@ -564,7 +594,13 @@ def _journal_figures(
     def status(name: str) -> Any:
         return where(is_call & (F.col("status") == name)).alias(name)
 
+    two_phase = (F.col("kind") == "two_phase") & F.col("phase").isin(*OPEN_PHASES)
     j = journal.agg(
+        where(two_phase).alias("two_phase_waiting"),
+        # the rows of tables["stuck_two_phase"]
+        where(two_phase & (F.col("started_ms") < F.lit(now_ms - stuck_after_ms))).alias(
+            "stuck_two_phase"
+        ),
         status("SUCCEEDED"),
         status("FAILED"),
         status("PENDING"),
@@ -590,6 +626,8 @@ def _journal_figures(
         "calls_failed": j["FAILED"] or 0,
         "calls_pending": j["PENDING"] or 0,
         "stuck_calls": j["stuck"] or 0,
+        "two_phase_waiting": j["two_phase_waiting"] or 0,
+        "stuck_two_phase_calls": j["stuck_two_phase"] or 0,
         "truncations": j["truncation"] or 0,
         "undecodable_records": j["undecodable"] or 0,
         "memory_snapshots": j["memory"] or 0,
@@ -635,6 +673,17 @@ _COLUMNS = {
     "status_counts": ["action_name", "status", "count"],
     "in_flight": ["partition", "key", "seq", "action", "pending_calls", "failed_calls", "calls"],
     "stuck": ["partition", "key", "seq", "action", "index", "call_id", "age_s", "worker_id"],
+    "stuck_two_phase": [
+        "partition",
+        "key",
+        "seq",
+        "action",
+        "index",
+        "phase",
+        "age_s",
+        "attempts",
+        "last_error",
+    ],
     "failures": ["exception_type", "calls", "functions", "example_message"],
     "truncations": [
         "key",

@@ -22,9 +22,15 @@ that *starts* after the job rebuilds its cache from the ActionState topic, finds
 terminal entry and replays it: neither the function nor the reconciler runs. The job
 refuses to write while the app's consumer group has members (``force`` skips the check).
 
+Two-phase calls (``two_phase``, issue 65): the open obligations of two-phase calls
+(PREPARED, ABORTING) are settled too, committed or aborted by the rules the workers
+follow (:mod:`.reconcile_two_phase`); without a ledger, only they are.
+
 Steps: (1) read and decode the journal, keep PENDING calls; (2) read the ledger and join;
-(3) decide per slot (:func:`decide`); (4) unless ``dry_run``, write and wait for every
-acknowledgement; (5) write the decisions as Parquet when ``out_dir`` is given.
+(3) decide per slot (:func:`decide`); (3b) with ``two_phase``, decide and settle the open
+obligations (a dry run calls nothing); (4) unless ``dry_run``, write and wait for every
+acknowledgement; (5) write the decisions as Parquet when ``out_dir`` is given
+(``decisions``, ``two_phase_decisions``).
 """
 
 from __future__ import annotations
@@ -49,12 +55,12 @@ from ..frames.state_writer import ActionStateWriter
 from ..shipping import make_importable
 from .common import log, require_topics, step
 from .progress import planned_records
+from .reconcile_two_phase import RECONCILER_ID, TWO_PHASE_DDL, open_obligations, settle_two_phase
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 NOT_IN_LEDGER = "agents_stream.spark.NotInLedger"
-RECONCILER_ID = "spark-reconcile"
 DECISION_DDL = (
     "partition INT, key STRING, seq BIGINT, action STRING, index INT, call_id STRING, "
     "function_id STRING, decision STRING, result_json STRING, error_type STRING"
@@ -117,6 +123,8 @@ class Ledger:
 class ReconcileResult:
     summary: dict[str, Any]
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    # with two_phase: one row per open obligation (TWO_PHASE_DDL)
+    two_phase: list[dict[str, Any]] = field(default_factory=list)
 
 
 def decide(
@@ -184,56 +192,88 @@ def run_reconcile(
     spark: SparkSession,
     app: App,
     bootstrap: str,
-    ledger: Ledger,
+    ledger: Ledger | None,
     *,
     missing: Literal["skip", "fail"] = "skip",
     dry_run: bool = False,
     force: bool = False,
     out_dir: str | Path | None = None,
+    two_phase: bool = False,
+    two_phase_tries: int = 3,
 ) -> ReconcileResult:
-    """Settles PENDING calls of ``app`` from ``ledger`` (steps in the module docstring)."""
+    """Settles PENDING calls of ``app`` from ``ledger`` and, with ``two_phase``, its open
+    two-phase obligations (steps in the module docstring); ``ledger`` None: only those.
+
+    Raises:
+        ConfigurationError: neither a ledger nor ``two_phase``.
+    """
+    if ledger is None and not two_phase:
+        raise ConfigurationError("nothing to reconcile: give a ledger, or two_phase")
     require_topics(bootstrap, {app.action_state_topic: f"the journal of app {app.id!r}"})
     make_importable(spark.sparkContext, app)  # a cluster's executors import the app
     if not (force or dry_run):
         check_stopped(bootstrap, app.id)
     isolation = {"kafka.isolation.level": "read_committed"} if app.exactly_once else {}
     planned = planned_records(bootstrap, [app.action_state_topic], **isolation)
-    with step(
-        spark, "reconcile", f"find PENDING calls in {app.action_state_topic}", records=planned
-    ):
-        journal = read_journal(spark, bootstrap, app, include_raw=True, **isolation)
-        pending = journal.where("kind = 'call' AND status = 'PENDING'")
-        match = "call_id" if ledger.match_on == "call_id" else "key"
-        joined = pending.join(
-            ledger.read(spark), pending[match] == F.col("ledger_id"), "left"
-        ).collect()
     codec = default_journal_codec(app.schema_registry_url, app.action_state_topic)
     now_ms = int(time.time() * 1000)
-    decisions, writes = [], []
-    for row in joined:
-        entry = codec.decode(b"", row["raw_value"])
-        assert isinstance(entry, CallEntry)
-        found = row.asDict() if row["ledger_id"] is not None else None
-        settled = decide(entry, found, codec=app.payload_codec, missing=missing, now_ms=now_ms)
-        decisions.append(_decision(row, settled))
-        if settled is not None:
-            writes.append((row["partition"], settled))
+    journal = read_journal(spark, bootstrap, app, include_raw=True, **isolation)
+    if ledger is not None and two_phase:
+        journal = journal.cache()  # read once for both
+    decisions: list[dict[str, Any]] = []
+    writes: list[tuple[int, Any]] = []
+    summary: dict[str, Any] = {"app": app.id}
+    if ledger is not None:
+        with step(
+            spark, "reconcile", f"find PENDING calls in {app.action_state_topic}", records=planned
+        ):
+            pending = journal.where("kind = 'call' AND status = 'PENDING'")
+            match = "call_id" if ledger.match_on == "call_id" else "key"
+            joined = pending.join(
+                ledger.read(spark), pending[match] == F.col("ledger_id"), "left"
+            ).collect()
+        for row in joined:
+            entry = codec.decode(b"", row["raw_value"])
+            assert isinstance(entry, CallEntry)
+            found = row.asDict() if row["ledger_id"] is not None else None
+            settled = decide(entry, found, codec=app.payload_codec, missing=missing, now_ms=now_ms)
+            decisions.append(_decision(row, settled))
+            if settled is not None:
+                writes.append((row["partition"], settled))
+        summary.update(
+            {
+                "pending": len(joined),
+                "in_ledger": sum(1 for r in joined if r["ledger_id"] is not None),
+                "succeeded": sum(1 for d in decisions if d["decision"] == "SUCCEEDED"),
+                "failed": sum(1 for d in decisions if d["decision"] == "FAILED"),
+                "left_pending": sum(1 for d in decisions if d["decision"] == "PENDING"),
+            }
+        )
+    two_phase_decisions: list[dict[str, Any]] = []
+    if two_phase:
+        with step(
+            spark, "reconcile", f"find open two-phase calls in {app.action_state_topic}",
+            records=planned,
+        ):  # fmt: skip
+            rows = open_obligations(journal)
+        # The user's commit/abort run here, on the driver: the app's module (imported
+        # with the app) defines the callables the journal names.
+        counts, two_phase_decisions, settled_writes = settle_two_phase(
+            rows, codec, app.payload_codec, dry_run=dry_run, tries=two_phase_tries,
+            now_ms=now_ms,
+        )  # fmt: skip
+        writes += settled_writes
+        summary.update(counts)
+    if ledger is not None and two_phase:
+        journal.unpersist()
     if writes and not dry_run:
         with (
-            step(spark, "reconcile", f"write {len(writes)} CallResults"),
+            step(spark, "reconcile", f"write {len(writes)} journal records"),
             ActionStateWriter(bootstrap, app.action_state_topic, codec) as writer,
         ):
             writer.write(writes)
-    summary = {
-        "app": app.id,
-        "pending": len(joined),
-        "in_ledger": sum(1 for r in joined if r["ledger_id"] is not None),
-        "succeeded": sum(1 for d in decisions if d["decision"] == "SUCCEEDED"),
-        "failed": sum(1 for d in decisions if d["decision"] == "FAILED"),
-        "left_pending": sum(1 for d in decisions if d["decision"] == "PENDING"),
-        "written": 0 if dry_run else len(writes),
-        "dry_run": dry_run,
-    }
+    summary["written"] = 0 if dry_run else len(writes)
+    summary["dry_run"] = dry_run
     log.info("reconcile: %s", summary)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -242,7 +282,11 @@ def run_reconcile(
             spark.createDataFrame(decisions, DECISION_DDL).write.mode("overwrite").parquet(
                 str(Path(out_dir) / "decisions")
             )
-    return ReconcileResult(summary, decisions)
+        if two_phase_decisions:
+            spark.createDataFrame(two_phase_decisions, TWO_PHASE_DDL).write.mode(
+                "overwrite"
+            ).parquet(str(Path(out_dir) / "two_phase_decisions"))
+    return ReconcileResult(summary, decisions, two_phase_decisions)
 
 
 def _decision(row: Any, settled: CallEntry | None) -> dict[str, Any]:

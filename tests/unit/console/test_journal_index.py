@@ -6,7 +6,14 @@ from __future__ import annotations
 from agents_stream.console import pages
 from agents_stream.console.history import key_history
 from agents_stream.console.journal import JournalIndex, Located
-from agents_stream.durable.journal import ActionDone, ActionRef, CallEntry, CallStatus
+from agents_stream.durable.journal import (
+    ActionDone,
+    ActionRef,
+    CallEntry,
+    CallStatus,
+    TwoPhase,
+    TwoPhaseCall,
+)
 from agents_stream.durable.keys import entry_key_bytes
 from agents_stream.durable.output_identity import output_prefix
 from agents_stream.serde.journal import JournalCodec, default_journal_codec
@@ -135,3 +142,44 @@ def test_lookups_by_call_id_and_output_identity_check_the_stored_entry():
     stats = index.stats()
     assert (stats["entries"], stats["keys"], stats["SUCCEEDED"]) == (2, 2, 2)
     assert "completed" not in stats
+
+
+def _obligation(index: int, phase: TwoPhase, partition: int = 0, **kw) -> TwoPhaseCall:
+    key = REF.key if partition == 0 else f"{REF.key}-p{partition}"
+    ref = ActionRef(key, REF.seq, REF.action, partition, REF.topic)
+    return TwoPhaseCall(ref, index, "app.Charge", "d", phase, b"\x01\x01{}", b'{"hold":"h"}',
+                        call_id=ref.call_id("pay", index), **kw)  # fmt: skip
+
+
+def test_two_phase_calls_show_their_phase_and_the_overview_counts_those_waiting():
+    """Issue 65: an obligation (``x`` key) is indexed under its record key: the key's
+    page shows its phase beside its call (alone once the slot is gone), and the overview
+    counts open ones (PREPARED, ABORTING) per partition until they are settled."""
+    index, codec = _index()
+    _put(index, codec, _call(0, CallStatus.SUCCEEDED, "w"), 0)
+    _put(index, codec, _obligation(0, TwoPhase.PREPARED), 1)
+    _put(index, codec, _obligation(1, TwoPhase.ABORTING, attempts=2, last_error="psp.Down"), 2)
+    other = _obligation(0, TwoPhase.PREPARED, partition=1)
+    index.apply(entry_key_bytes(other), codec.encode(other), 1, 0)
+    assert index.two_phase_waiting() == {0: 2, 1: 1}
+    assert index.stats()["two-phase"] == 3
+    [run] = key_history("u-17", index.entries_of("u-17")).runs
+    assert run.calls[0].obligation is not None
+    assert run.calls[0].obligation.phase is TwoPhase.PREPARED
+    assert [x.index for x in run.orphan_obligations] == [1]
+    page = pages.history_body(key_history("u-17", index.entries_of("u-17")), "pay", None)
+    assert "<th>two-phase</th>" in page and "<b>PREPARED</b> · round 0" in page
+    assert "whose call slot is gone" in page and "last error: psp.Down" in page
+
+    _put(index, codec, _obligation(0, TwoPhase.COMMITTED, settled_ms=5), 3)  # settled
+    index.apply(entry_key_bytes(_obligation(1, TwoPhase.ABORTING)), None, 0, 4)  # pruned
+    assert index.two_phase_waiting() == {1: 1}
+
+    def overview(waiting, stats):
+        return pages.overview_body([], "pay-action-state", stats, True, None, None, "",
+                                   [], [], waiting)  # fmt: skip
+
+    shown = overview(index.two_phase_waiting(), index.stats())
+    assert "Two-phase calls waiting (1)" in shown and "<td>1</td><td>1</td>" in shown
+    assert "every prepared call is settled" in overview({}, {"two-phase": 1})
+    assert "Two-phase" not in overview({}, {})
