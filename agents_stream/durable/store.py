@@ -141,6 +141,25 @@ class ActionStateStore(ABC):
         pruned)."""
         return []
 
+    def held_back(self, topic: str, partition: int) -> list[tuple[str, int, int, str]]:
+        """Records ``(topic, partition, seq, key)`` a prune left for their open
+        obligations (in this process), to prune once those are settled."""
+        return [r for r in self._held_back if r[0] == topic and r[1] == partition]
+
+    def release_held(self, record: tuple[str, int, int, str]) -> bool:
+        """Whether ``record`` was held back from a prune (and forget it)."""
+        if record in self._held_back:
+            self._held_back.discard(record)
+            return True
+        return False
+
+    @property
+    def _held_back(self) -> set[tuple[str, int, int, str]]:
+        held: set[tuple[str, int, int, str]] | None = self.__dict__.get("_held")
+        if held is None:
+            held = self.__dict__["_held"] = set()
+        return held
+
     def prune_settled(self, records: Sequence[tuple[int, str]], partition: int, topic: str) -> None:
         """Prune committed records whose obligations are all settled, the obligations
         too (:meth:`prune_records` leaves a record with an obligation)."""

@@ -25,7 +25,8 @@ per record, retried with backoff until they return (a commit is never turned int
 abort); COMMITTED / ABORTED is journaled when they return. A crash in between runs them
 again: they must be idempotent. A record with an open obligation is not pruned (its
 ActionDone is the evidence of the decision) until the obligation is settled; then the
-settler prunes it (when its host prunes committed records).
+settler prunes it, if its host pruned it meanwhile (``held_back``: a dead letter's journal,
+kept for its replay, is not pruned).
 
 Only the settler writes an obligation after it is prepared, under one lock with the
 newest state of each one it knows (``_known``): a decision is checked against the
@@ -274,6 +275,13 @@ class Settler:
             self.aborting(skipped)
         for record in sorted(due):
             self.settle(record)
+        if self._prune:
+            # Held back from a prune by an obligation since settled elsewhere (a Spark
+            # reconcile): pruned now.
+            open_records = {record_of(x) for x in self._open_of(partition)}
+            for record in self.store.held_back(topic, partition):
+                if record not in open_records and record not in self._jobs:
+                    self._pruned(record)
         return len(due) + len(skipped)
 
     # -- settling one record ---------------------------------------------------------------
@@ -396,8 +404,8 @@ class Settler:
         if through is None or seq >= through:
             return
         left = [x for x in self._open_of(partition) if record_of(x) == record]
-        if left:
-            return
+        if left or not self.store.release_held(record):
+            return  # still owed; or not one the host pruned (a dead letter's, kept)
         self.store.prune_settled([(seq, key)], partition, topic)
         with self._lock:
             for k in [k for k, x in self._known.items() if record_of(x) == record]:

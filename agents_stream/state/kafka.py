@@ -414,6 +414,9 @@ class KafkaActionStateStore(ActionStateStore):
         # completion) until the obligation is settled (durable/twophase.py).
         obligated = self._obligated(cache, topic) if topic else set()
         if obligated:
+            self._held_back.update(
+                (topic, partition, s, k) for s, k in records if (s, k) in obligated
+            )
             records = [r for r in records if r not in obligated]
         self._prune_records(records, partition, topic)
 

@@ -160,6 +160,7 @@ class InMemoryActionStateStore(ActionStateStore):
             isinstance(e, TwoPhaseCall) and (e.ref.key, e.ref.seq, e.ref.topic) == (key, seq, topic)
             for e in self.obligations(partition)
         ):
+            self._held_back.add((topic, partition, seq, key))
             return
         self._prune(key, seq, topic)
 

@@ -7,7 +7,9 @@ end state (``holds``): a hold captured after a release, or released after a capt
 recorded as a violation, whoever did it. Latches (``AS_LATCH_DIR``, tests/apps/effects.py):
 ``park-prepared-<order>`` parks the action after its prepare returned (journaled and
 acknowledged), ``park-commit`` parks the first process whose commit starts (before it
-captures), ``park-abort`` the first abort.
+captures), ``park-abort`` the first abort. With ``AS_CHECK_OUTPUT`` a commit first reads
+the output topic (read_committed, ``AS_BOOTSTRAP``) and records a violation unless the
+order's output is there: a capture before the record's completion was durable.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class Charge(TwoPhaseCommitCallable[dict]):
 
     def commit(self, prepared: dict) -> None:
         _park_once("commit")
+        if os.environ.get("AS_CHECK_OUTPUT"):
+            self._check_output(prepared["hold"])
         self._end(prepared["hold"], "CAPTURED", "RELEASED")
         delay = float(os.environ.get("AS_COMMIT_S", "0"))
         if delay:
@@ -105,6 +109,19 @@ class Charge(TwoPhaseCommitCallable[dict]):
     def abort(self, prepared: dict) -> None:
         _park_once("abort")
         self._end(prepared["hold"], "RELEASED", "CAPTURED")
+
+    def _check_output(self, hold: str) -> None:
+        """The record's completion must be durable before its capture: its output is
+        in the output topic, visible to a read_committed reader, by now."""
+        from agents_stream.testing.topics import read_topic
+
+        outputs = read_topic(os.environ["AS_BOOTSTRAP"], os.environ["AS_OUTPUT"], timeout=20)
+        if not any(r.json().get("hold") == hold for r in outputs):
+            with _lock:
+                _ledger().execute(
+                    "INSERT INTO violations VALUES (?, ?, ?)",
+                    ("captured before its output was durable", hold, os.getpid()),
+                )
 
     def _end(self, hold: str, state: str, opposite: str) -> None:
         with _lock:

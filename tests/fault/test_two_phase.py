@@ -6,6 +6,9 @@ an order with ``fail`` raises after its hold (dead-lettered). Asserted every tim
 
 - every hold ends CAPTURED or RELEASED, never both (the ledger records a capture after
   a release, or the reverse, as a violation, whoever makes it);
+- no capture before its record's completion is durable: each commit first reads the
+  output topic read_committed and records a violation unless the order's output is in
+  it;
 - one hold per order: a preparation acknowledged before the kill is replayed, never
   prepared again;
 - every output (read_committed) names a captured hold, every captured hold has its
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from agents_stream.cli.state_read import read_latest
 from agents_stream.testing.topics import create_topics, produce, read_topic, wait_for_records
 from tests.apps.two_phase_app import connect
 from tests.fault.fleet import assert_survivors
@@ -45,6 +49,8 @@ def _setup(broker, topic_factory, tmp_path: Path, orders: list[dict], partitions
         "AS_LEDGER": str(ledger),
         "AS_LATCH_DIR": str(latches),
         "AS_COMMIT_INTERVAL": "0.3",
+        "AS_CHECK_OUTPUT": "1",  # each capture first looks its output up (read_committed)
+        "AS_BOOTSTRAP": broker.bootstrap,
     }
     create_topics(broker.bootstrap, [env["AS_INPUT"], env["AS_OUTPUT"]], partitions=partitions)
     produce(broker.bootstrap, env["AS_INPUT"], [(o["order"], o) for o in orders])
@@ -119,6 +125,17 @@ def test_sigkill_after_prepare_then_restart(
     assert [w for w, _ in o3].count("hold") == 1, o3  # journaled: replayed, not prepared again
     assert ("hold", first_pid) in o3
     assert ("capture", restarted.proc.pid) in o3  # the next owner captured it
+    # Settled and committed: pruned, obligations included, but the dead letter's (its
+    # journal is kept for its replay).
+    state_topic = f"{env['AS_APP_ID']}-action-state"
+    deadline = time.monotonic() + 60
+    while True:
+        live = read_latest(broker.bootstrap, state_topic, timeout=30)
+        left = sorted(k.split(b"\x1f")[1] for k in live if k[:2] == b"x\x1f")
+        if left == [b"o5"]:
+            break
+        assert time.monotonic() < deadline, f"obligations left: {left}"
+        time.sleep(0.5)
     assert_survivors([restarted])
 
 
