@@ -18,7 +18,10 @@ an order with ``fail`` raises after its hold (dead-lettered). Asserted every tim
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -179,3 +182,45 @@ def test_rebalance_while_commits_wait(guarantee, broker, topic_factory, worker_f
     wait_log(second, "assigned", timeout=90)
     _assert_ledger(broker, env, ledger, orders)
     assert_survivors([first, second])
+
+
+def test_dead_letter_replay_prepares_afresh(broker, topic_factory, worker_factory, tmp_path):
+    """An order refused after its hold is dead-lettered and the hold released; once fixed,
+    its dead-letter replay (run under its original offset) prepares a new hold (call id
+    ``~1``) and captures it: the released hold is never captured."""
+    orders = [{"order": f"o{n}", "cents": 400 + n, "fail": n == 1} for n in range(4)]
+    env, latches, ledger = _setup(broker, topic_factory, tmp_path, orders)
+    worker = worker_factory(APP, env)
+    wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 3, timeout=90)
+    [letter] = wait_for_records(broker.bootstrap, f"{env['AS_INPUT']}-dlq", 1, timeout=60)
+    db = sqlite3.connect(ledger, timeout=60)
+    deadline = time.monotonic() + 60
+    while db.execute("SELECT count(*) FROM holds WHERE state = 'HELD'").fetchone()[0]:
+        assert time.monotonic() < deadline, db.execute("SELECT * FROM holds").fetchall()
+        time.sleep(0.2)
+    [(first, state)] = db.execute("SELECT hold, state FROM holds WHERE orders = 'o1'")
+    assert state == "RELEASED"
+    (latches / "fixed").touch()
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "agents_stream", "dlq", "replay", "--all", "--yes",
+         "-A", APP, "--broker", broker.url],
+        env={**os.environ, **env}, cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and "replayed 1" in done.stdout, done.stdout + done.stderr
+    wait_for_records(broker.bootstrap, env["AS_OUTPUT"], 4, timeout=90)
+    deadline = time.monotonic() + 60
+    while True:
+        holds = dict(db.execute("SELECT hold, state FROM holds WHERE orders = 'o1'").fetchall())
+        if len(holds) == 2 and "HELD" not in holds.values():
+            break
+        assert time.monotonic() < deadline, holds
+        time.sleep(0.2)
+    assert holds == {first: "RELEASED", f"{first}~1": "CAPTURED"}
+    assert db.execute("SELECT * FROM violations").fetchall() == []
+    [replayed] = [
+        r for r in read_topic(broker.bootstrap, env["AS_OUTPUT"]) if r.json()["order"] == "o1"
+    ]
+    assert replayed.json()["hold"] == f"{first}~1"
+    assert letter.headers["x-source-offset"]
+    assert_survivors([worker])
