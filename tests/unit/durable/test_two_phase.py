@@ -171,6 +171,7 @@ OPS = st.lists(
         st.tuples(st.just("settle"), st.integers(0, 2), st.none()),
         st.tuples(st.just("revoke"), st.none(), st.none()),
     ),
+    min_size=3,
     max_size=12,
 )
 
