@@ -272,9 +272,14 @@ class FaustRecordHandler:
             return False
         settler = self.runner.config.two_phase
         if settler is not None:  # its preparations aborted before it can be replayed
-            pending = settler.failed(msg.topic, record.partition, record.seq, record.key)
-            if pending is not None:
-                await asyncio.wrap_future(pending)
+            try:
+                pending = settler.failed(msg.topic, record.partition, record.seq, record.key)
+                if pending is not None:
+                    await asyncio.wrap_future(pending)
+            except OwnershipLost as lost:
+                self.stats["abandoned"] += 1
+                log.info("%s abandoned: partition revoked before its dead letter (%r)", where, lost)
+                return False
         await asyncio.wrap_future(self.dead_letters.send(ConfluentLikeMessage(msg), "action", exc))
         self.stats["dlq"] += 1
         self.kept.add((record.partition, int(msg.offset)))
