@@ -29,9 +29,10 @@ settler prunes it, if its host pruned it meanwhile (``held_back``: a dead letter
 kept for its replay, is not pruned).
 
 Only the settler writes an obligation after it is prepared, under one lock with the
-newest state of each one it knows (``_known``): a decision is checked against the
-obligation's round and phase right before it is written, so a stale decision never
-overwrites a fresh preparation.
+newest state of each one it has written and not yet heard back about (``_known``; once
+acked the store holds it): a decision is checked against the obligation's round and
+phase right before it is written, so a stale decision never overwrites a fresh
+preparation.
 """
 
 from __future__ import annotations
@@ -128,9 +129,31 @@ class Settler:
     def prepared(self, x: TwoPhaseCall, slot: CallEntry) -> Future[None]:
         """Journal a preparation: the obligation, then its slot, in one append."""
         with self._lock:
-            self._known[obligation_key(x.ref, x.index)] = x
             self.stats["two_phase_prepared"] += 1
-            return self.store.append([x, slot], x.ref.partition)
+            return self._write([x], [x, slot])
+
+    def _write(
+        self, obligations: list[TwoPhaseCall], entries: list[TwoPhaseCall | CallEntry]
+    ) -> Future[None]:
+        """Append ``entries`` (under the lock), ``obligations`` known as the newest
+        state of theirs until the append is answered: acked, the store holds them (its
+        future resolves once the cache has applied them); failed, they never were."""
+        keys = [obligation_key(x.ref, x.index) for x in obligations]
+        for key, x in zip(keys, obligations, strict=True):
+            self._known[key] = x
+        try:
+            fut = self.store.append(entries, obligations[0].ref.partition)
+        except BaseException:
+            self._forget(keys, obligations)
+            raise
+        fut.add_done_callback(lambda _: self._forget(keys, obligations))
+        return fut
+
+    def _forget(self, keys: list[bytes], obligations: list[TwoPhaseCall]) -> None:
+        with self._lock:
+            for key, x in zip(keys, obligations, strict=True):
+                if self._known.get(key) is x:
+                    del self._known[key]
 
     def current(self, ref: ActionRef, index: int) -> TwoPhaseCall | None:
         """The newest state of slot ``index``'s obligation (written here, else read)."""
@@ -146,9 +169,7 @@ class Settler:
             return None
         marked = [replace(x, phase=TwoPhase.ABORTING, worker_id=self.worker_id) for x in doomed]
         with self._lock:
-            for x in marked:
-                self._known[obligation_key(x.ref, x.index)] = x
-            fut = self.store.append(marked, marked[0].ref.partition)
+            fut = self._write(marked, list(marked))
         fut.add_done_callback(
             lambda f: None if f.exception() else [self.settle(record_of(x)) for x in marked]
         )
@@ -389,8 +410,7 @@ class Settler:
         with self._lock:
             if not self._still(x):
                 return  # prepared afresh, or settled by someone else meanwhile
-            self._known[obligation_key(x.ref, x.index)] = done
-            fut = self.store.append([done], x.ref.partition)
+            fut = self._write([done], [done])
         self._acks.wait(fut, ACK_TIMEOUT_S)
         self.stats["two_phase_committed" if commit else "two_phase_aborted"] += 1
 
@@ -407,9 +427,6 @@ class Settler:
         if left or not self.store.release_held(record):
             return  # still owed; or not one the host pruned (a dead letter's, kept)
         self.store.prune_settled([(seq, key)], partition, topic)
-        with self._lock:
-            for k in [k for k, x in self._known.items() if record_of(x) == record]:
-                del self._known[k]
 
 
 __all__ = ["Settler", "obligation_key", "round_call_id"]
