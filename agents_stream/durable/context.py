@@ -1004,6 +1004,10 @@ class RunnerContext:
         wait for first (an abort being decided or run), then ask again."""
         settler = self._config.two_phase
         assert settler is not None
+        if slot is not None and slot.status is CallStatus.FAILED:
+            # Its prepare raised (nothing to settle); written after any earlier round's
+            # abort returned, so it is this slot's newest outcome: replayed.
+            return slot, None
         x = settler.current(self.ref, index)
         if x is None:
             return slot, None  # none yet (or settled and pruned: its slot stands)

@@ -1,7 +1,8 @@
 """Two-phase calls for the test kit's unit tests: every prepare, commit and abort is
 recorded in ``LEDGER`` (this process only); ``FAIL`` makes the action raise after its
 prepare, ``COMMIT_FAILURES`` makes that many commits raise first, ``CENTS_OFFSET``
-changes the call a redelivery makes (a divergent replay)."""
+changes the call a redelivery makes (a divergent replay), ``PREPARE_FAILS`` makes that
+many prepares raise."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from agents_stream import (
 )
 
 LEDGER: list[tuple[str, str]] = []
-STATE: dict[str, Any] = {"commit_failures": 0, "cents_offset": 0}
+STATE: dict[str, Any] = {"commit_failures": 0, "cents_offset": 0, "prepare_fails": 0}
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class Hold(TwoPhaseCommitCallable[dict]):
     cents: int
 
     def prepare(self, call_id: str) -> dict:
+        if STATE["prepare_fails"] > 0:
+            STATE["prepare_fails"] -= 1
+            raise ConnectionError("psp down")
         LEDGER.append(("hold", call_id))
         return {"hold": call_id}
 

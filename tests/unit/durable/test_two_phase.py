@@ -19,7 +19,7 @@ from tests.apps import two_phase_kit_app as kit_app
 @pytest.fixture(autouse=True)
 def _clean():
     kit_app.LEDGER.clear()
-    kit_app.STATE.update(commit_failures=0, cents_offset=0)
+    kit_app.STATE.update(commit_failures=0, cents_offset=0, prepare_fails=0)
     yield
 
 
@@ -271,3 +271,17 @@ def test_obligation_round_trips_through_the_store():
     assert store.obligations(1) == [x]
     store.prune_settled([(3, "k")], 1, "t")
     assert store.obligations(1) == []
+
+
+def test_a_prepare_that_raised_after_an_abort_replays_its_failure():
+    """A failed record run again prepares afresh; if that prepare raises, its FAILED slot
+    is what the next run replays (not a third preparation)."""
+    with kit_app.app.test_context() as ctx:
+        failed = ctx.send({"order": "o8", "cents": 5, "fail": True}, key="k8")
+        kit_app.STATE["prepare_fails"] = 1
+        again = ctx.redeliver(failed)
+        assert isinstance(again.error, ConnectionError)
+        third = ctx.redeliver(failed)
+        assert isinstance(third.error, ConnectionError)  # replayed: not prepared a third time
+    holds = [h for what, h in kit_app.LEDGER if what == "hold"]
+    assert len(holds) == 1 and _ends(holds[0]) == ["release"]
