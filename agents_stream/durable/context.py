@@ -566,6 +566,7 @@ class RunnerContext:
                 await acked(appended)
                 self.check_hold()  # as in the sync path: an ack after the hold was lost
                 if refusal is not None:
+                    self._unjournaled(index, call, result)
                     raise refusal
                 return result
         finally:
@@ -667,6 +668,7 @@ class RunnerContext:
             # result, so the action does not go on with it.
             self.check_hold()
             if refusal is not None:
+                self._unjournaled(index, call, result)
                 raise refusal
             return result
 
@@ -1027,6 +1029,16 @@ class RunnerContext:
             return None, settler.settle_now(x)
         call.round = x.round + 1  # aborted (or another call committed): prepare afresh
         return None, None
+
+    def _unjournaled(self, index: int, call: _Call, prepared: Any) -> None:
+        """A preparation whose result cannot be journaled (the call failed with the
+        refusal, journaled): no obligation says what to abort later, so its ``abort``
+        is started now with the value in hand, on the settler's threads, once (logged
+        if it raises)."""
+        if call.two_phase is None or self._config.two_phase is None:
+            return
+        call_id = round_call_id(self.ref.call_id(self._config.app_id, index), call.round)
+        self._config.two_phase.abort_unjournaled(call.two_phase, prepared, call_id)
 
     def _abort_pending(self, index: int) -> DurableError:
         return DurableError(

@@ -180,6 +180,27 @@ class Settler:
         runs again and meets an ABORTING preparation waits for its abort)."""
         return self.settle(record_of(x))
 
+    def abort_unjournaled(self, target: object, prepared: object, call_id: str) -> None:
+        """Abort a preparation that was never journaled (its result could not be), once,
+        with the value in hand; logged if it raises."""
+
+        def run() -> None:
+            method = target.abort  # type: ignore[attr-defined]
+            args, kwargs = call_shape(method).arguments(call_id, (prepared,), {})
+            try:
+                method(*args, **kwargs)
+            except Exception as exc:
+                log.warning(
+                    "abort of two-phase call %s, whose prepared result could not be "
+                    "journaled, failed (not retried: nothing journaled says to): %s: %s",
+                    call_id, type(exc).__name__, exc,
+                )  # fmt: skip
+
+        try:
+            self._pool.submit(run)
+        except RuntimeError:  # closed
+            run()
+
     # -- the host's hooks ------------------------------------------------------------------
     def failed(self, topic: str, partition: int, seq: int, key: str) -> Future[None] | None:
         """The record was dead-lettered or dropped: abort its open obligations whose

@@ -2,7 +2,8 @@
 recorded in ``LEDGER`` (this process only); ``FAIL`` makes the action raise after its
 prepare, ``COMMIT_FAILURES`` makes that many commits raise first, ``CENTS_OFFSET``
 changes the call a redelivery makes (a divergent replay), ``PREPARE_FAILS`` makes that
-many prepares raise."""
+many prepares raise, ``UNJOURNALABLE`` makes prepare return a value outside the
+journaled domain."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ from agents_stream import (
 )
 
 LEDGER: list[tuple[str, str]] = []
-STATE: dict[str, Any] = {"commit_failures": 0, "cents_offset": 0, "prepare_fails": 0}
+STATE: dict[str, Any] = {
+    "commit_failures": 0,
+    "cents_offset": 0,
+    "prepare_fails": 0,
+    "unjournalable": False,
+}
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,8 @@ class Hold(TwoPhaseCommitCallable[dict]):
             STATE["prepare_fails"] -= 1
             raise ConnectionError("psp down")
         LEDGER.append(("hold", call_id))
+        if STATE["unjournalable"]:
+            return {"hold": call_id, "client": object()}  # outside the value domain
         return {"hold": call_id}
 
     def commit(self, prepared: dict) -> None:

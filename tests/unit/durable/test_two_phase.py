@@ -5,6 +5,7 @@ revokes and failing commits (hypothesis)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -19,7 +20,7 @@ from tests.apps import two_phase_kit_app as kit_app
 @pytest.fixture(autouse=True)
 def _clean():
     kit_app.LEDGER.clear()
-    kit_app.STATE.update(commit_failures=0, cents_offset=0, prepare_fails=0)
+    kit_app.STATE.update(commit_failures=0, cents_offset=0, prepare_fails=0, unjournalable=False)
     yield
 
 
@@ -285,3 +286,14 @@ def test_a_prepare_that_raised_after_an_abort_replays_its_failure():
         assert isinstance(third.error, ConnectionError)  # replayed: not prepared a third time
     holds = [h for what, h in kit_app.LEDGER if what == "hold"]
     assert len(holds) == 1 and _ends(holds[0]) == ["release"]
+
+
+def test_a_prepared_result_that_cannot_be_journaled_is_aborted_at_once():
+    kit_app.STATE["unjournalable"] = True
+    with kit_app.app.test_context() as ctx:
+        run = ctx.send({"order": "o9", "cents": 5}, key="k9")
+        ctx.settler.idle(10)
+        time.sleep(0.2)  # the abort runs on the settler's pool
+    assert isinstance(run.error, UnsupportedValueError)  # journaled as the call's failure
+    [hold] = [h for what, h in kit_app.LEDGER if what == "hold"]
+    assert _ends(hold) == ["release"]
