@@ -230,12 +230,12 @@ class DurableAgent:
         faust_app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
         faust_app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         faust_app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
-        if self.prune_completed:
-
-            async def prune() -> None:
+        async def prune() -> None:
+            self._committed()  # what two-phase commits wait for, pruning or not
+            if self.prune_completed:
                 self._prune()
 
-            faust_app.timer(prune_interval, name=f"{self.faust_agent.name}.prune")(prune)
+        faust_app.timer(prune_interval, name=f"{self.faust_agent.name}.prune")(prune)
 
     @property
     def action_state_topic(self) -> str:
@@ -465,6 +465,15 @@ class DurableAgent:
             )
 
     # -- pruning ------------------------------------------------------------------------
+    def _committed(self) -> None:
+        """Faust's committed offsets of the partitions held: records below them finished
+        (acked only once done), what two-phase commits wait for (host/progress.py)."""
+        if self.handler is None:
+            return
+        for (topic, partition), position in _committed_offsets(self.faust_app).items():
+            if topic == self.input and partition in self._owned:
+                self.handler.progress.committed(topic, partition, position)
+
     def _prune(self) -> None:
         """Tombstone the ActionStates of finished records below Faust's committed offsets:
         a committed record is never re-consumed, so its journal is no longer needed."""

@@ -116,6 +116,16 @@ class CompletedThrough:
             if tp in held:
                 self.through[tp] = max(self.through.get(tp, 0), marker.offset)
 
+    def committed(self, topic: str, partition: int, offset: int) -> None:
+        """The group's committed offset of the partition is ``offset``: the records below
+        it finished as surely as below a marker (a host commits only finished records;
+        exactly-once, in the transaction), so it counts as durable completed-through for
+        two-phase commits even before a marker says so (a host killed between its offset
+        commit and its marker, with no record left to run, writes none for a while)."""
+        if offset >= 0:
+            tp = (topic, partition)
+            self.durable[tp] = max(self.durable.get(tp, 0), offset)
+
     def durable_through(self, topic: str, partition: int) -> int | None:
         """The highest completed-through marker known durable, or None."""
         return self.durable.get((topic, partition))

@@ -166,6 +166,8 @@ class Rebalance:
                 arm_at, first, committed = input_end(
                     consumer, tp.topic, tp.partition, earliest=self._w._reset_earliest
                 )
+                if self._w.progress is not None:
+                    self._w.progress.committed(tp.topic, tp.partition, committed)
                 part = self.held(tp.topic, tp.partition, first, arm_at, committed)
                 assert self._w._loop is not None
                 # Runs on the loop before any record fetched by this consume call.
@@ -175,7 +177,7 @@ class Rebalance:
             self._w.partitions[(tp.topic, tp.partition)] = part
             self._w.ownership.acquire(tp.topic, tp.partition)
             settler = self._w.settler
-            if through is not None and settler is not None:
+            if settler is not None and tp.topic in self._w._agents:
                 # Held now: the last owner's two-phase calls below the marker are
                 # committed or aborted (durable/twophase.py), off this thread.
                 settler.assigned(tp.topic, tp.partition)
