@@ -230,6 +230,7 @@ class DurableAgent:
         faust_app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
         faust_app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         faust_app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+
         async def prune() -> None:
             self._committed()  # what two-phase commits wait for, pruning or not
             if self.prune_completed:
