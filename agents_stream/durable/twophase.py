@@ -114,6 +114,8 @@ class Settler:
         self._sweep_every = sweep_every
         self._lock = threading.RLock()
         self._known: dict[bytes, TwoPhaseCall] = {}
+        # Partition -> its open obligations' keys (see _open_of).
+        self._index: dict[int, dict[bytes, tuple[ActionRef, int]]] = {}
         self._jobs: dict[Record, Future[None]] = {}
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="agents-stream-2pc")
         self._stop = threading.Event()
@@ -141,6 +143,9 @@ class Settler:
         keys = [obligation_key(x.ref, x.index) for x in obligations]
         for key, x in zip(keys, obligations, strict=True):
             self._known[key] = x
+            index = self._index.get(x.ref.partition)
+            if index is not None and x.phase.open:
+                index[key] = (x.ref, x.index)
         try:
             fut = self.store.append(entries, obligations[0].ref.partition)
         except BaseException:
@@ -217,6 +222,7 @@ class Settler:
         """The partition was taken (its cache rebuilt, its marker loaded), before any of
         its records runs here: settle every open obligation below the marker, aborting
         those whose action never completed (its record was skipped). How many."""
+        self._load(partition)  # what the last owner left
         return self._sweep(topic, partition, assigned=True)
 
     def revoked(self, partition: int) -> None:
@@ -225,6 +231,7 @@ class Settler:
         with self._lock:
             for key in [k for k, x in self._known.items() if x.ref.partition == partition]:
                 del self._known[key]
+            self._index.pop(partition, None)
 
     @property
     def waiting(self) -> int:
@@ -280,13 +287,41 @@ class Settler:
         return out
 
     def _open_of(self, partition: int) -> list[TwoPhaseCall]:
-        found = []
-        for x in self.store.obligations(partition):
-            newer = self._known.get(obligation_key(x.ref, x.index))
-            x = newer if newer is not None else x
-            if x.phase.open:
+        """The open obligations of ``partition``: from the index of those this process
+        knows to be open (read whole from the store once per assignment, then kept by
+        its own writes), each read at its newest state; a settled one leaves the index.
+        A sweep costs a point read per open obligation, not a scan of every settled one
+        a journal that is not pruned keeps."""
+        with self._lock:
+            index = self._index.get(partition)
+        if index is None:
+            index = self._load(partition)
+        found, settled = [], []
+        for key, (ref, slot) in list(index.items()):
+            x = self.current(ref, slot)
+            if x is not None and x.phase.open:
                 found.append(x)
+            else:
+                settled.append(key)
+        if settled:
+            with self._lock:
+                for key in settled:
+                    if key not in self._known:  # not one being written
+                        index.pop(key, None)
         return found
+
+    def _load(self, partition: int) -> dict[bytes, tuple[ActionRef, int]]:
+        index = {
+            obligation_key(x.ref, x.index): (x.ref, x.index)
+            for x in self.store.obligations(partition)
+            if x.phase.open
+        }
+        with self._lock:
+            for key, x in self._known.items():
+                if x.ref.partition == partition and x.phase.open:
+                    index[key] = (x.ref, x.index)
+            self._index[partition] = index
+        return index
 
     def _sweep(self, topic: str, partition: int, *, assigned: bool) -> int:
         if not self._holds(partition):

@@ -297,3 +297,31 @@ def test_a_prepared_result_that_cannot_be_journaled_is_aborted_at_once():
     assert isinstance(run.error, UnsupportedValueError)  # journaled as the call's failure
     [hold] = [h for what, h in kit_app.LEDGER if what == "hold"]
     assert _ends(hold) == ["release"]
+
+
+def test_sweeps_read_only_open_obligations_after_the_first():
+    """A journal that is not pruned keeps every settled obligation: a sweep reads the
+    partition's obligations whole once, then only the open ones, point by point."""
+    from agents_stream.durable.journal import ActionRef
+    from agents_stream.durable.payload import JsonCodec
+    from agents_stream.durable.twophase import Settler
+    from agents_stream.state.memory import InMemoryActionStateStore
+
+    class Counting(InMemoryActionStateStore):
+        scans = 0
+
+        def obligations(self, partition):
+            Counting.scans += 1
+            return super().obligations(partition)
+
+    ref = ActionRef("k", 3, "A.a#0", 1, "t")
+    settled = [TwoPhaseCall(ref, i, "f", "d", TwoPhase.COMMITTED, b"") for i in range(50)]
+    store = Counting([*settled, TwoPhaseCall(ref, 50, "f", "d", TwoPhase.PREPARED, b"")])
+    settler = Settler(store, JsonCodec(), app_id="a", worker_id="w", through=lambda t, p: None)
+    try:
+        assert settler.waiting == 1
+        for _ in range(5):
+            settler.sweep()
+        assert settler.waiting == 1 and Counting.scans == 1
+    finally:
+        settler.close()
